@@ -1,0 +1,1 @@
+"""tokenledger: ops package."""

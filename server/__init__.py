@@ -1,0 +1,1 @@
+"""tokenledger: server package."""
