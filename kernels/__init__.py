@@ -1,1 +1,1 @@
-"""tokenledger: kernels package."""
+"""Attention backends and kernels. On CPU the torch backend; FlashInfer when CUDA is present."""

@@ -1,0 +1,62 @@
+"""Server arguments: one frozen dataclass whose field names are the CLI flags' names."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from server.errors import ConfigError
+
+DURABILITY_MODES = ("fsync", "periodic", "none")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerArgs:
+    model_path: str | None = None  # None: the built-in demo model
+    tokenizer_path: str | None = None
+    served_model_name: str | None = None
+    dtype: str = "float32"
+    context_length: int | None = None
+    max_total_tokens: int | None = None  # KV slots; None: derived from memory
+    max_running_requests: int = 64
+    chunked_prefill_size: int = 512  # <= 0 disables chunking
+    max_prefill_tokens: int = 16384
+    disable_overlap_schedule: bool = False
+    log_dir: str | None = None
+    log_durability: str = "fsync"
+    random_seed: int = 0
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    admin_api_key: str | None = None
+    tp_size: int = 1
+    log_requests: bool = False
+    log_format: str = "console"
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise ConfigError(f"unknown server argument(s): {', '.join(unknown)}")
+        args = cls(**kwargs)
+        args.validate()
+        return args
+
+    def with_changes(self, **kwargs: Any) -> ServerArgs:
+        return replace(self, **kwargs)
+
+    def validate(self) -> None:
+        if self.max_running_requests < 1:
+            raise ConfigError("--max-running-requests must be >= 1")
+        if self.max_total_tokens is not None and self.max_total_tokens < 1:
+            raise ConfigError("--max-total-tokens must be >= 1")
+        if self.context_length is not None and self.context_length < 2:
+            raise ConfigError("--context-length must be >= 2")
+        if self.max_prefill_tokens < 1:
+            raise ConfigError("--max-prefill-tokens must be >= 1")
+        if self.log_durability not in DURABILITY_MODES:
+            raise ConfigError(f"--log-durability must be one of {', '.join(DURABILITY_MODES)}")
+        if self.tp_size != 1:
+            raise ConfigError("--tp-size > 1 is not supported yet; run with --tp-size 1")
+        if self.log_format not in ("console", "json"):
+            raise ConfigError("--log-format must be console or json")

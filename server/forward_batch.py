@@ -1,0 +1,53 @@
+"""What one forward runs (`ForwardBatch`) and what it returns (`BatchResult`).
+
+A result is *packed*: the sampled tokens, their logprobs, input logprobs and hidden
+states of all requests sit back to back, in the batch's request order. Result
+processing walks them with explicit cursors; a request that contributes nothing to a
+field simply does not advance that field's cursor.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from server.request import Req
+
+
+class ForwardMode(enum.Enum):
+    EXTEND = "extend"  # prefill, whole prompt or one chunk of it
+    DECODE = "decode"
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    mode: ForwardMode
+    reqs: list[Req]
+    extend_lens: list[int]  # new tokens per request (1 in decode)
+    prefix_lens: list[int]  # tokens already in the KV cache per request before this forward
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    out_cache_loc: torch.Tensor
+    kv_indices: list[torch.Tensor]  # per request: every slot it attends to
+    samples: list[bool]  # per request: does this forward produce its next token?
+    # per request: prompt positions whose input logprob this forward scores (targets).
+    input_logprob_targets: list[list[int]]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    @property
+    def top_logprobs_max(self) -> int:
+        return max((r.logprob.top_logprobs_num for r, s in zip(self.reqs, self.samples) if s), default=0)
+
+
+@dataclass(slots=True)
+class BatchResult:
+    next_token_ids: list[int]  # one per sampling request, packed
+    next_token_logprobs: list[float]
+    top_ids: list[list[int]]  # width = batch.top_logprobs_max
+    top_logprobs: list[list[float]]
+    input_logprobs: list[float]  # packed over requests' targets
+    hidden_states: torch.Tensor  # [n, hidden], one row per sampling request that asked

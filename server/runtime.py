@@ -1,0 +1,65 @@
+"""Builds the scheduler and everything under it (model, pools, tokenizer) from ServerArgs."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from server.config import ServerArgs
+from server.memory import ReqToTokenPool, TokenToKVPool
+from server.model_runner import ModelRunner
+from server.models.config import ModelConfig
+from server.models.demo import ensure_demo_model
+from server.models.loader import load_model, parse_dtype
+from server.request_builder import Limits
+from server.scheduler import SchedulePolicy, Scheduler
+from server.tokenizer import Tokenizer
+
+# Share of physical memory the KV pool may take when --max-total-tokens is not given.
+KV_MEMORY_FRACTION = 0.2
+MAX_DEFAULT_KV_TOKENS = 1 << 17
+
+
+@dataclass(slots=True)
+class Runtime:
+    args: ServerArgs
+    model_dir: Path
+    model_config: ModelConfig
+    tokenizer: Tokenizer
+    scheduler: Scheduler
+    limits: Limits
+
+
+def resolve_model_dir(args: ServerArgs) -> Path:
+    return Path(args.model_path) if args.model_path else ensure_demo_model()
+
+
+def build_runtime(args: ServerArgs) -> Runtime:
+    model_dir = resolve_model_dir(args)
+    model = load_model(model_dir, parse_dtype(args.dtype))
+    cfg = model.config
+    tokenizer = Tokenizer(Path(args.tokenizer_path) if args.tokenizer_path else model_dir)
+    context_len = args.context_length or cfg.max_position_embeddings
+    kv_pool = _make_kv_pool(args, cfg, next(model.parameters()).dtype, context_len)
+    req_pool = ReqToTokenPool(args.max_running_requests, context_len)
+    eos = set(cfg.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    policy = SchedulePolicy(args.max_running_requests, args.chunked_prefill_size, args.max_prefill_tokens, context_len)
+    scheduler = Scheduler(policy, ModelRunner(model, kv_pool), req_pool, kv_pool, frozenset(eos), tokenizer.decode)
+    limits = Limits(vocab_size=cfg.vocab_size, context_len=context_len, kv_capacity=kv_pool.capacity)
+    return Runtime(args, model_dir, cfg, tokenizer, scheduler, limits)
+
+
+def _make_kv_pool(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, context_len: int) -> TokenToKVPool:
+    def pool(n: int) -> TokenToKVPool:
+        return TokenToKVPool(n, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
+
+    if args.max_total_tokens is not None:
+        return pool(args.max_total_tokens)
+    per_slot = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.finfo(dtype).bits // 8
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    n = min(int(physical * KV_MEMORY_FRACTION) // per_slot, MAX_DEFAULT_KV_TOKENS)
+    return pool(max(n, context_len))

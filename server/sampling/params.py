@@ -1,0 +1,87 @@
+"""Per-request sampling parameters with SGLang's names, validated at the boundary."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from server.errors import InvalidRequestError
+
+MAX_NEW_TOKENS_LIMIT = 1 << 20
+# Accepted by SGLang's API but not implemented here yet: refused by name, never ignored.
+NOT_YET_SUPPORTED = ("json_schema", "regex", "ebnf", "n", "frequency_penalty", "presence_penalty",
+                     "repetition_penalty", "min_new_tokens", "logit_bias")
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+    skip_special_tokens: bool = True
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < 1e-6 or self.top_k == 1
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any] | None) -> SamplingParams:
+        raw = dict(raw or {})
+        if not isinstance(raw, dict):
+            raise InvalidRequestError("sampling_params must be an object", "sampling_params")
+        known = {f.name for f in fields(cls)} - {"extra"}
+        for name in raw:
+            if name in NOT_YET_SUPPORTED and raw[name] is not None:
+                raise InvalidRequestError(f"sampling_params.{name} is not supported yet", name)
+            if name not in known and name not in NOT_YET_SUPPORTED:
+                raise InvalidRequestError(f"unknown sampling parameter {name!r}", name)
+        values = {k: v for k, v in raw.items() if k in known and v is not None}
+        stop = values.get("stop", ())
+        values["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
+        values["stop_token_ids"] = tuple(values.get("stop_token_ids", ()))
+        params = cls(**values)
+        params.validate()
+        return params
+
+    def validate(self) -> None:
+        _check_int("max_new_tokens", self.max_new_tokens, 0, MAX_NEW_TOKENS_LIMIT)
+        _check_float("temperature", self.temperature)
+        if self.temperature < 0:
+            raise InvalidRequestError("temperature must be >= 0", "temperature")
+        _check_float("top_p", self.top_p)
+        if not 0 < self.top_p <= 1:
+            raise InvalidRequestError("top_p must be in (0, 1]", "top_p")
+        _check_int("top_k", self.top_k, -1, 1 << 31)
+        if self.top_k == 0:
+            raise InvalidRequestError("top_k must be -1 (disabled) or >= 1", "top_k")
+        _check_float("min_p", self.min_p)
+        if not 0 <= self.min_p <= 1:
+            raise InvalidRequestError("min_p must be in [0, 1]", "min_p")
+        if not all(isinstance(s, str) and s for s in self.stop):
+            raise InvalidRequestError("stop must be a non-empty string or a list of them", "stop")
+        for t in self.stop_token_ids:
+            _check_int("stop_token_ids", t, 0, 1 << 31)
+        if self.seed is not None:
+            _check_int("seed", self.seed, -(1 << 63), (1 << 63) - 1)
+        for flag in ("ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, flag), bool):
+                raise InvalidRequestError(f"{flag} must be a boolean", flag)
+
+
+def _check_int(name: str, value: object, lo: int, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequestError(f"{name} must be an integer", name)
+    if not lo <= value <= hi:
+        raise InvalidRequestError(f"{name} must be between {lo} and {hi}, got {value}", name)
+
+
+def _check_float(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidRequestError(f"{name} must be a finite number", name)

@@ -1,0 +1,58 @@
+"""Batched sampling from fp32 logits: greedy, temperature, top-k, top-p, min-p, seeds.
+
+Each request owns a `torch.Generator`, so a seeded request draws the same noise whatever
+else is in its batch. Sampling uses the exponential race (argmax of p / E with E ~ Exp(1)),
+which is an exact draw from p and needs one noise vector per row.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from server.sampling.params import SamplingParams
+
+
+@dataclass(slots=True)
+class SampleOutput:
+    token_ids: torch.Tensor  # [n] int64
+    logprobs: torch.Tensor  # [n] fp32, log_softmax of the raw logits at the chosen token
+    top_ids: torch.Tensor  # [n, k_max]
+    top_logprobs: torch.Tensor  # [n, k_max]
+
+
+def sample(
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator], top_k_max: int
+) -> SampleOutput:
+    # Logprobs are reported from the unmodified distribution, as HF's log_softmax gives them.
+    logprobs_all = torch.log_softmax(logits, dim=-1)
+    token_ids = logits.argmax(dim=-1)
+    random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
+    if random_rows:
+        rows = torch.tensor(random_rows)
+        probs = _filtered_probs(logits[rows], [params[i] for i in random_rows])
+        noise = torch.stack([torch.empty(logits.shape[1]).exponential_(generator=generators[i]) for i in random_rows])
+        token_ids[rows] = (probs / noise).argmax(dim=-1)
+    chosen = logprobs_all.gather(1, token_ids[:, None])[:, 0]
+    top_vals, top_ids = logprobs_all.topk(top_k_max, dim=-1) if top_k_max else (logprobs_all[:, :0], token_ids[:, None][:, :0])
+    return SampleOutput(token_ids, chosen, top_ids, top_vals)
+
+
+def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype)[:, None]
+    logits = logits / temps
+    vocab = logits.shape[1]
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params]).clamp(max=vocab)
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab)[None, :]
+    sorted_logits = sorted_logits.masked_fill(ranks >= top_k[:, None], float("-inf"))
+    sorted_probs = sorted_logits.softmax(dim=-1)
+    top_p = torch.tensor([p.top_p for p in params])[:, None]
+    # Keep a token while the mass strictly before it is below top_p (the first always stays).
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    keep = mass_before < top_p
+    min_p = torch.tensor([p.min_p for p in params])[:, None]
+    keep &= sorted_probs >= min_p * sorted_probs[:, :1]
+    sorted_probs = sorted_probs * keep
+    probs = torch.zeros_like(sorted_probs).scatter_(1, order, sorted_probs)
+    return probs / probs.sum(dim=-1, keepdim=True)
