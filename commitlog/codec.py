@@ -1,0 +1,172 @@
+"""Record codec: the byte layout of one log record, its CRC and its SHA-256 hash chain.
+
+The layout is specified in FORMAT.md; this module is the only code that knows it.
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+import struct
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from commitlog.errors import CorruptRecordError, FormatVersionError
+
+FORMAT_VERSION = 1
+GENESIS_HASH = bytes(32)
+_HEADER = struct.Struct(">BBI32s")  # version, kind, crc32, chain hash
+HEADER_SIZE = _HEADER.size
+_BODY_FIELDS = 5  # [lsn, kind, ts_ns, rid, payload]
+META_CHECKPOINT = b"checkpoint_lsn"  # meta key -> LSN key of the newest CHECKPOINT
+
+Payload = dict[str, Any]
+
+
+class Kind(enum.IntEnum):
+    SERVER_START = 1
+    BEGIN = 2
+    COMMIT = 3
+    DISCARD = 4
+    ABORT_REQUESTED = 5
+    FINISH = 6
+    RECOVERED = 7
+    SERVER_STOP = 8
+    CHECKPOINT = 9
+
+
+@dataclass(slots=True)
+class Entry:
+    """A record before it has an LSN: what transactions and the ledger produce."""
+
+    kind: Kind
+    rid: str | None
+    payload: Payload
+
+
+@dataclass(slots=True)
+class Record:
+    """A decoded, CRC-checked record. `body` is kept so the chain can be re-verified."""
+
+    lsn: int
+    kind: Kind
+    ts_ns: int
+    rid: str | None
+    payload: Payload
+    chain_hash: bytes
+    body: bytes = field(repr=False)
+
+
+@dataclass(slots=True)
+class EncodedGroup:
+    """One step's records, ready for one LMDB write transaction."""
+
+    first_lsn: int
+    last_lsn: int
+    records: list[tuple[bytes, bytes]]
+    index: list[tuple[bytes, bytes]]
+    live_puts: list[tuple[bytes, bytes]] = field(default_factory=list)
+    live_deletes: list[bytes] = field(default_factory=list)
+    deletes: list[tuple[bytes, bytes | None]] = field(default_factory=list)  # (LSN key, rid)
+    meta: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+
+def lsn_key(lsn: int) -> bytes:
+    return lsn.to_bytes(8, "big")
+
+
+def key_lsn(key: bytes) -> int:
+    return int.from_bytes(key, "big")
+
+
+def chain(prev_hash: bytes, body: bytes) -> bytes:
+    return hashlib.sha256(prev_hash + body).digest()
+
+
+def _crc(version: int, kind: int, chain_hash: bytes, body: bytes) -> int:
+    return zlib.crc32(body, zlib.crc32(chain_hash, zlib.crc32(bytes((version, kind)))))
+
+
+def encode_value(lsn: int, entry: Entry, ts_ns: int, prev_hash: bytes) -> tuple[bytes, bytes]:
+    """Return (value, chain_hash) for `entry` at `lsn`, chained after `prev_hash`."""
+    body = msgpack.packb([lsn, int(entry.kind), ts_ns, entry.rid, entry.payload])
+    chain_hash = chain(prev_hash, body)
+    crc = _crc(FORMAT_VERSION, entry.kind, chain_hash, body)
+    return _HEADER.pack(FORMAT_VERSION, entry.kind, crc, chain_hash) + body, chain_hash
+
+
+def decode_value(key: bytes, value: bytes) -> Record:
+    """Decode and CRC-check one record; any defect raises CorruptRecordError naming the LSN."""
+    lsn = key_lsn(key)
+    if len(key) != 8:
+        raise CorruptRecordError(f"key is {len(key)} bytes, expected 8", lsn)
+    if len(value) < HEADER_SIZE + 1:
+        raise CorruptRecordError(f"value is {len(value)} bytes, shorter than a header", lsn)
+    version, kind, crc, chain_hash = _HEADER.unpack_from(value)
+    body = bytes(value[HEADER_SIZE:])
+    if crc != _crc(version, kind, chain_hash, body):
+        raise CorruptRecordError("CRC32 mismatch (bytes changed on disk or in transit)", lsn)
+    if version != FORMAT_VERSION:
+        raise FormatVersionError(f"record LSN {lsn} has format {version}; this code reads {FORMAT_VERSION}")
+    fields = _unpack_body(body, lsn)
+    if fields[0] != lsn or fields[1] != kind:
+        raise CorruptRecordError(f"body says LSN {fields[0]} kind {fields[1]}; key/header disagree", lsn)
+    return Record(lsn, Kind(kind), fields[2], fields[3], fields[4], chain_hash, body)
+
+
+def _unpack_body(body: bytes, lsn: int) -> list[Any]:
+    try:
+        fields = msgpack.unpackb(body)
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise CorruptRecordError(f"body is not valid msgpack ({exc})", lsn) from None
+    if not (isinstance(fields, list) and len(fields) == _BODY_FIELDS):
+        raise CorruptRecordError("body is not a 5-field array", lsn)
+    lsn_f, kind_f, ts_f, rid_f, payload_f = fields
+    ok = (
+        isinstance(lsn_f, int) and isinstance(ts_f, int) and isinstance(payload_f, dict)
+        and (rid_f is None or isinstance(rid_f, str)) and kind_f in Kind._value2member_map_
+    )
+    if not ok:
+        raise CorruptRecordError("body fields have the wrong types", lsn)
+    return fields
+
+
+class Encoder:
+    """Assigns LSNs and chains hashes on the caller's thread, so the writer thread only writes."""
+
+    __slots__ = ("next_lsn", "prev_hash")
+
+    def __init__(self, next_lsn: int = 1, prev_hash: bytes = GENESIS_HASH) -> None:
+        if next_lsn < 1:
+            raise ValueError(f"next_lsn must be >= 1, got {next_lsn}")
+        self.next_lsn = next_lsn
+        self.prev_hash = prev_hash
+
+    def encode(self, entries: list[Entry], ts_ns: int | None = None) -> EncodedGroup:
+        if not entries:
+            raise ValueError("a group needs at least one entry")
+        ts = time.time_ns() if ts_ns is None else ts_ns
+        first = lsn = self.next_lsn
+        prev = self.prev_hash
+        records: list[tuple[bytes, bytes]] = []
+        index: list[tuple[bytes, bytes]] = []
+        group = EncodedGroup(first, first + len(entries) - 1, records, index)
+        for entry in entries:
+            key = lsn_key(lsn)
+            value, prev = encode_value(lsn, entry, ts, prev)
+            records.append((key, value))
+            if entry.rid is not None:
+                rid_key = entry.rid.encode()
+                index.append((rid_key, key))
+                if entry.kind is Kind.BEGIN:
+                    group.live_puts.append((rid_key, key))
+                elif entry.kind is Kind.FINISH:
+                    group.live_deletes.append(rid_key)
+            elif entry.kind is Kind.CHECKPOINT:
+                group.meta.append((META_CHECKPOINT, key))
+            lsn += 1
+        self.next_lsn, self.prev_hash = lsn, prev
+        return group

@@ -1,0 +1,192 @@
+"""Read-only access to a log: by LSN range, by request, following the tail, and verifying it.
+
+Safe from any process while the server writes (LMDB readers never block the writer).
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import lmdb
+
+from commitlog.codec import GENESIS_HASH, META_CHECKPOINT, Kind, Record, chain, decode_value, key_lsn, lsn_key
+from commitlog.errors import CorruptRecordError, UnknownRequestError
+from commitlog.state import RequestState, replay
+from commitlog.wal import Wal
+
+_CHUNK = 1024  # records per read txn: long-lived read txns stop LMDB from reusing pages
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    num_records: int
+    first_lsn: int
+    last_lsn: int
+    checkpoint_lsn: int | None
+    tail_hash: bytes
+
+
+@dataclass(slots=True)
+class _ChainCursor:
+    """Walks records in LSN order checking contiguity from `cut` and the hash chain."""
+
+    cut: int
+    prev_hash: bytes
+    kept: dict[int, bytes]
+    expected: int
+
+    def check(self, record: Record) -> None:
+        if record.lsn < self.cut:
+            prev = self.kept.pop(record.lsn, None)
+            if prev is None:
+                raise CorruptRecordError("record precedes the checkpoint's start and is not listed in it",
+                                         record.lsn)
+            if chain(prev, record.body) != record.chain_hash:
+                raise CorruptRecordError("hash chain broken (record edited)", record.lsn)
+            return
+        if record.lsn != self.expected:
+            raise CorruptRecordError(f"LSN gap: expected {self.expected} (records removed)", record.lsn)
+        if chain(self.prev_hash, record.body) != record.chain_hash:
+            raise CorruptRecordError("hash chain broken (record edited, inserted or removed)", record.lsn)
+        self.prev_hash, self.expected = record.chain_hash, record.lsn + 1
+
+
+class LogReader:
+    """Queries over a Wal; open another process's log with `LogReader.open(log_dir)`."""
+
+    def __init__(self, wal: Wal) -> None:
+        self.wal = wal
+
+    @classmethod
+    def open(cls, log_dir: str | os.PathLike[str]) -> LogReader:
+        return cls(Wal.open(log_dir, readonly=True))
+
+    def close(self) -> None:
+        self.wal.close()
+
+    def _begin(self) -> lmdb.Transaction:
+        try:
+            return self.wal.env.begin()
+        except lmdb.MapResizedError:  # the writer grew the map: adopt its size
+            self.wal.env.set_mapsize(0)
+            return self.wal.env.begin()
+
+    def _read_chunk(self, start: int, end: int | None, limit: int) -> list[Record]:
+        out: list[Record] = []
+        with self._begin() as txn, txn.cursor(self.wal.records) as cur:
+            if not cur.set_range(lsn_key(start)):
+                return out
+            for key, value in cur:
+                if (end is not None and key_lsn(key) > end) or len(out) >= limit:
+                    break
+                out.append(decode_value(key, value))
+        return out
+
+    def records(self, start: int = 1, end: int | None = None) -> Iterator[Record]:
+        """Records with start <= LSN <= end, in order, read in bounded chunks."""
+        while True:
+            chunk = self._read_chunk(start, end, _CHUNK)
+            yield from chunk
+            if len(chunk) < _CHUNK:
+                return
+            start = chunk[-1].lsn + 1
+
+    def follow(self, start: int = 1, poll_s: float = 0.05,
+               stop: threading.Event | None = None) -> Iterator[Record]:
+        """Like `records` but waits for new records until `stop` is set."""
+        while stop is None or not stop.is_set():
+            chunk = self._read_chunk(start, None, _CHUNK)
+            yield from chunk
+            if chunk:
+                start = chunk[-1].lsn + 1
+            else:
+                time.sleep(poll_s)
+
+    def last_lsn(self) -> int:
+        with self._begin() as txn, txn.cursor(self.wal.records) as cur:
+            return key_lsn(cur.key()) if cur.last() else 0
+
+    def request_lsns(self, rid: str) -> list[int]:
+        with self._begin() as txn, txn.cursor(self.wal.index) as cur:
+            if not cur.set_key(rid.encode()):
+                return []
+            return [key_lsn(v) for v in cur.iternext_dup()]
+
+    def request_records(self, rid: str) -> list[Record]:
+        with self._begin() as txn:
+            out = []
+            with txn.cursor(self.wal.index) as cur:
+                keys = list(cur.iternext_dup()) if cur.set_key(rid.encode()) else []
+            for key in keys:
+                value = txn.get(key, db=self.wal.records)
+                if value is None:
+                    raise CorruptRecordError(f"index lists it for {rid!r} but the record is missing", key_lsn(key))
+                out.append(decode_value(key, value))
+            return out
+
+    def request_ids(self) -> list[str]:
+        with self._begin() as txn, txn.cursor(self.wal.index) as cur:
+            return [k.decode() for k in cur.iternext_nodup(keys=True, values=False)]
+
+    def live_request_ids(self) -> list[str]:
+        """Requests with a BEGIN and no FINISH, in BEGIN order."""
+        with self._begin() as txn, txn.cursor(self.wal.live) as cur:
+            return [rid.decode() for rid, _ in sorted(cur, key=lambda kv: kv[1])]
+
+    def rebuild(self, rid: str) -> RequestState:
+        state = replay(self.request_records(rid))
+        if state is None:
+            raise UnknownRequestError(f"no BEGIN for request {rid!r} in {self.wal.log_dir}")
+        return state
+
+    def checkpoint(self) -> Record | None:
+        with self._begin() as txn:
+            key = txn.get(META_CHECKPOINT, db=self.wal.meta)
+            if key is None:
+                return None
+            value = txn.get(key, db=self.wal.records)
+        if value is None:
+            raise CorruptRecordError("the checkpoint record named in meta is missing", key_lsn(key))
+        record = decode_value(key, value)
+        if record.kind is not Kind.CHECKPOINT:
+            raise CorruptRecordError(f"meta names a {record.kind.name} record as the checkpoint", record.lsn)
+        return record
+
+    def _chain_start(self) -> _ChainCursor:
+        cp = self.checkpoint()
+        if cp is None:
+            return _ChainCursor(1, GENESIS_HASH, {}, 1)
+        kept = {int(lsn): prev for lsn, prev in cp.payload["kept"]}
+        return _ChainCursor(cp.payload["start"], cp.payload["anchor"], kept, cp.payload["start"])
+
+    def verify(self) -> VerifyReport:
+        """Check every record's CRC, LSN contiguity and the whole hash chain."""
+        walker = self._chain_start()
+        first, count = 0, 0
+        for record in self.records():
+            walker.check(record)
+            first, count = first or record.lsn, count + 1
+        if walker.kept:
+            raise CorruptRecordError("record listed in the checkpoint is missing", min(walker.kept))
+        cp = self.checkpoint()
+        return VerifyReport(count, first, walker.expected - 1, cp.lsn if cp else None, walker.prev_hash)
+
+    def verify_tail(self, num_records: int = 256) -> tuple[int, bytes]:
+        """Check the last records (CRC, contiguity, chain among them); return (last LSN, its hash)."""
+        last = self.last_lsn()
+        if last == 0:
+            return 0, GENESIS_HASH
+        tail = [r for r in self.records(max(1, last - num_records + 1)) if r.lsn >= self._cut()]
+        for prev, record in zip(tail, tail[1:]):
+            if record.lsn != prev.lsn + 1:
+                raise CorruptRecordError(f"LSN gap after {prev.lsn}", record.lsn)
+            if chain(prev.chain_hash, record.body) != record.chain_hash:
+                raise CorruptRecordError("hash chain broken", record.lsn)
+        return last, tail[-1].chain_hash if tail else GENESIS_HASH
+
+    def _cut(self) -> int:
+        cp = self.checkpoint()
+        return 1 if cp is None else int(cp.payload["start"])

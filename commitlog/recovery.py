@@ -1,0 +1,50 @@
+"""Recovery on open for writing: check the tail, then close out requests a crash left open (I7)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from commitlog.codec import Encoder, Entry, Kind
+from commitlog.errors import CorruptRecordError
+from commitlog.reader import LogReader
+from commitlog.state import FinishReason, finish_entry
+from commitlog.wal import Wal
+
+TAIL_CHECK_RECORDS = 256
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    last_lsn: int
+    was_clean: bool
+    interrupted: list[str]
+    stale_readers_cleared: int
+
+
+def recover(wal: Wal) -> tuple[Encoder, list[Entry], RecoveryReport]:
+    """Return the encoder to continue the log with and the entries recovery must append.
+
+    A corrupt tail refuses the open: the error names the LSN and the salvage command.
+    """
+    cleared = wal.env.reader_check()
+    reader = LogReader(wal)
+    try:
+        last_lsn, last_hash = reader.verify_tail(TAIL_CHECK_RECORDS)
+        entries, report = _close_interrupted(reader, last_lsn, cleared)
+    except CorruptRecordError as exc:
+        raise CorruptRecordError(exc.detail, exc.lsn, str(wal.log_dir)) from None
+    return Encoder(last_lsn + 1, last_hash), entries, report
+
+
+def _close_interrupted(reader: LogReader, last_lsn: int, cleared: int) -> tuple[list[Entry], RecoveryReport]:
+    last = next(iter(reader.records(last_lsn)), None) if last_lsn else None
+    was_clean = last is None or last.kind is Kind.SERVER_STOP
+    interrupted = reader.live_request_ids()
+    entries: list[Entry] = []
+    for rid in interrupted:
+        state = reader.rebuild(rid)
+        state.finish_reason = FinishReason.INTERRUPTED
+        entries.append(finish_entry(state))
+    if not was_clean:
+        entries.append(Entry(Kind.RECOVERED, None, {"interrupted": interrupted, "last_lsn": last_lsn}))
+    return entries, RecoveryReport(last_lsn, was_clean, interrupted, cleared)
+

@@ -1,0 +1,172 @@
+"""The LMDB environment behind the log: tables, opening rules, and one group's write txn."""
+from __future__ import annotations
+
+import enum
+import fcntl
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import lmdb
+
+from commitlog.codec import FORMAT_VERSION, META_CHECKPOINT, EncodedGroup
+from commitlog.errors import CommitLogError, CorruptRecordError, FormatVersionError, LogFullError, LogLockedError
+
+RECORDS_DB = b"records"  # LSN (8 bytes BE) -> record value
+INDEX_DB = b"by_rid"  # rid -> LSN, dupsort + dupfixed: one small sorted dup per record
+LIVE_DB = b"live"  # rid -> BEGIN LSN for requests without FINISH; recovery reads only this
+META_DB = b"meta"
+META_FORMAT = b"format_version"
+META_FINGERPRINT = b"model_fingerprint"
+META_INSTANCE_PREFIX = b"instance:"
+DATA_FILE = "data.mdb"
+_WRITER_LOCK = "writer.lock"
+
+
+class Durability(enum.Enum):
+    FSYNC = "fsync"  # every group's write txn is fsynced before its callback
+    PERIODIC = "periodic"  # the writer thread syncs every `sync_interval_ms`
+    NONE = "none"  # callbacks fire at commit; survives a process crash, not an OS crash
+
+
+@dataclass(frozen=True, slots=True)
+class WalConfig:
+    durability: Durability = Durability.FSYNC
+    sync_interval_ms: int = 50
+    initial_map_size: int = 64 << 20
+    max_map_size: int = 1 << 40
+    max_pending_groups: int = 64
+
+    def __post_init__(self) -> None:
+        if self.sync_interval_ms <= 0:
+            raise ValueError(f"sync_interval_ms must be > 0, got {self.sync_interval_ms}")
+        if not 0 < self.initial_map_size <= self.max_map_size:
+            raise ValueError("need 0 < initial_map_size <= max_map_size")
+        if self.max_pending_groups < 1:
+            raise ValueError(f"max_pending_groups must be >= 1, got {self.max_pending_groups}")
+
+
+class Wal:
+    """An open LMDB environment and its four tables. Writes happen on one thread only."""
+
+    def __init__(self, log_dir: Path, env: lmdb.Environment, readonly: bool, max_map_size: int) -> None:
+        self.log_dir = log_dir
+        self.env = env
+        self.readonly = readonly
+        self.max_map_size = max_map_size
+        self.records = env.open_db(RECORDS_DB, create=not readonly)
+        self.index = env.open_db(INDEX_DB, dupsort=True, dupfixed=True, create=not readonly)
+        self.live = env.open_db(LIVE_DB, create=not readonly)
+        self.meta = env.open_db(META_DB, create=not readonly)
+        self._lock_fd: int | None = None
+
+    @classmethod
+    def open(cls, log_dir: str | os.PathLike[str], config: WalConfig | None = None, readonly: bool = False) -> Wal:
+        cfg = config or WalConfig()
+        path = Path(log_dir)
+        if readonly and not (path / DATA_FILE).exists():
+            raise CommitLogError(f"no log at {path} (missing {DATA_FILE}); check --log-dir")
+        path.mkdir(parents=True, exist_ok=True)
+        lock_fd = None if readonly else _take_writer_lock(path)
+        sync = cfg.durability is Durability.FSYNC
+        try:
+            env = lmdb.Environment(str(path), map_size=cfg.initial_map_size, max_dbs=8, readonly=readonly,
+                                   sync=sync, metasync=sync, readahead=False)
+        except lmdb.InvalidError as exc:
+            raise CorruptRecordError(f"{path / DATA_FILE} is not a valid LMDB file ({exc})") from None
+        except lmdb.Error as exc:
+            raise CommitLogError(f"cannot open log at {path}: {exc}") from None
+        _check_not_truncated(env, path)
+        try:
+            wal = cls(path, env, readonly, cfg.max_map_size)
+        except lmdb.NotFoundError:
+            env.close()
+            raise CommitLogError(f"{path} is an LMDB environment but not a tokenledger log") from None
+        wal._lock_fd = lock_fd
+        wal._check_format()
+        return wal
+
+    def _check_format(self) -> None:
+        with self.env.begin(db=self.meta, write=not self.readonly) as txn:
+            stored = txn.get(META_FORMAT)
+            if stored is None and not self.readonly:
+                txn.put(META_FORMAT, str(FORMAT_VERSION).encode())
+            elif stored is not None and int(stored) != FORMAT_VERSION:
+                raise FormatVersionError(
+                    f"log at {self.log_dir} has format {int(stored)}; this build reads {FORMAT_VERSION}")
+
+    def write_group(self, group: EncodedGroup) -> None:
+        """One LMDB write txn for the whole group; grows the map and retries on MapFullError."""
+        while True:
+            try:
+                self._write_once(group)
+                return
+            except lmdb.MapFullError:
+                self._grow()
+
+    def _write_once(self, group: EncodedGroup) -> None:
+        with self.env.begin(write=True) as txn:
+            with txn.cursor(self.records) as cur:
+                cur.putmulti(group.records, append=True, overwrite=False)
+            with txn.cursor(self.index) as cur:
+                cur.putmulti(group.index, dupdata=True)
+            for rid, lsn in group.live_puts:
+                txn.put(rid, lsn, db=self.live)
+            for rid in group.live_deletes:
+                txn.delete(rid, db=self.live)
+            for key, value in group.meta:
+                txn.put(key, value, db=self.meta)
+            self._delete_records(txn, group.deletes)
+
+    def _delete_records(self, txn: lmdb.Transaction, deletes: list[tuple[bytes, bytes | None]]) -> None:
+        for key, rid in deletes:
+            txn.delete(key, db=self.records)
+            if rid is not None:
+                txn.delete(rid, key, db=self.index)
+
+    def _grow(self) -> None:
+        current = self.env.info()["map_size"]
+        if current >= self.max_map_size:
+            raise LogFullError(
+                f"log at {self.log_dir} reached max_map_size={self.max_map_size} bytes; "
+                "raise the limit or apply retention (drop finished requests) and compact")
+        self.env.set_mapsize(min(current * 2, self.max_map_size))
+
+    def sync(self) -> None:
+        self.env.sync(True)
+
+    def put_meta(self, key: bytes, value: bytes) -> None:
+        with self.env.begin(db=self.meta, write=True) as txn:
+            txn.put(key, value)
+
+    def get_meta(self, key: bytes) -> bytes | None:
+        with self.env.begin(db=self.meta) as txn:
+            return txn.get(key)
+
+    def close(self) -> None:
+        self.env.close()
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def _take_writer_lock(path: Path) -> int:
+    """One writer per log, across processes; released by the kernel if the process dies."""
+    fd = os.open(path / _WRITER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise LogLockedError(f"another process has {path} open for writing; stop it first") from None
+    return fd
+
+
+def _check_not_truncated(env: lmdb.Environment, path: Path) -> None:
+    """Reading a page past the end of a truncated file would kill the process with SIGBUS."""
+    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    size = (path / DATA_FILE).stat().st_size
+    if size < needed:
+        env.close()
+        raise CorruptRecordError(
+            f"{path / DATA_FILE} is truncated: {size} bytes on disk, the last committed "
+            f"transaction needs {needed}; records past byte {size} are lost", None, str(path))

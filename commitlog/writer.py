@@ -1,0 +1,179 @@
+"""The writer thread: owns every LMDB write transaction and reports when groups are durable.
+
+Callers encode records themselves (codec.Encoder) so this thread spends its time inside
+LMDB's commit and fsync, which release the GIL; a busy scheduler thread is not slowed.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from commitlog.codec import EncodedGroup
+from commitlog.errors import WriterFailedError
+from commitlog.wal import Durability, Wal, WalConfig
+
+DurableCallback = Callable[[int, "BaseException | None"], None]
+_log = structlog.get_logger("commitlog.writer")
+
+
+@dataclass(slots=True)
+class _Item:
+    group: EncodedGroup | None = None
+    callback: DurableCallback | None = None
+    job: Callable[[Wal], Any] | None = None
+    future: Future[Any] | None = None
+
+
+_STOP = _Item()
+
+
+class WalWriter:
+    """Single writer thread. `submit` never waits on disk (only on a full queue)."""
+
+    def __init__(self, wal: Wal, config: WalConfig, durable_lsn: int = 0) -> None:
+        self.wal = wal
+        self.durability = config.durability
+        self._interval_s = config.sync_interval_ms / 1000
+        self._queue: queue.Queue[_Item] = queue.Queue(maxsize=config.max_pending_groups)
+        self._durable_lsn = durable_lsn
+        self._cond = threading.Condition()
+        self._error: WriterFailedError | None = None
+        self._unsynced: list[tuple[int, DurableCallback | None]] = []
+        self._last_sync = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name="commitlog-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def durable_lsn(self) -> int:
+        """Highest LSN whose group is durable under the configured durability mode."""
+        return self._durable_lsn
+
+    @property
+    def error(self) -> WriterFailedError | None:
+        return self._error
+
+    def submit(self, group: EncodedGroup, on_durable: DurableCallback | None = None) -> None:
+        """Queue one group; `on_durable(last_lsn, error)` runs on the writer thread."""
+        self._raise_if_failed()
+        self._queue.put(_Item(group=group, callback=on_durable))
+
+    def call(self, job: Callable[[Wal], Any]) -> Future[Any]:
+        """Run `job(wal)` on the writer thread, between groups (in-process reads, retention)."""
+        self._raise_if_failed()
+        future: Future[Any] = Future()
+        self._queue.put(_Item(job=job, future=future))
+        return future
+
+    def wait_durable(self, lsn: int, timeout: float | None = None) -> bool:
+        with self._cond:
+            done = self._cond.wait_for(lambda: self._durable_lsn >= lsn or self._error is not None, timeout)
+        self._raise_if_failed()
+        return done
+
+    def close(self) -> None:
+        """Drain the queue, sync what is pending, stop the thread. Idempotent."""
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join()
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._queue.get(timeout=self._time_to_sync())
+            except queue.Empty:
+                self._guarded(None, self._sync_unsynced)
+                continue
+            if item is _STOP:
+                break
+            self._handle(item)
+        if self._error is None:
+            self._guarded(None, self._sync_unsynced)
+
+    def _handle(self, item: _Item) -> None:
+        if self._error is not None:
+            self._reject(item, self._error)
+        elif item.group is not None:
+            self._guarded(item.callback, self._write, item.group, item.callback)
+        elif item.job is not None and item.future is not None:
+            try:
+                item.future.set_result(item.job(self.wal))
+            except BaseException as exc:  # the job's own failure belongs to its caller
+                item.future.set_exception(exc)
+
+    def _guarded(self, callback: DurableCallback | None, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except BaseException as exc:  # any write error is fatal: never retried, never swallowed
+            self._fail(exc, callback)
+
+    def _write(self, group: EncodedGroup, callback: DurableCallback | None) -> None:
+        self.wal.write_group(group)
+        if self.durability is Durability.PERIODIC:
+            self._unsynced.append((group.last_lsn, callback))
+            if self._time_to_sync() == 0:
+                self._sync_unsynced()
+        else:
+            self._publish(group.last_lsn, [callback])
+
+    def _time_to_sync(self) -> float | None:
+        if not self._unsynced:
+            return None
+        return max(0.0, self._last_sync + self._interval_s - time.monotonic())
+
+    def _sync_unsynced(self) -> None:
+        self._last_sync = time.monotonic()
+        if not self._unsynced:
+            return
+        self.wal.sync()
+        pending, self._unsynced = self._unsynced, []
+        self._publish(pending[-1][0], [cb for _, cb in pending])
+
+    def _publish(self, lsn: int, callbacks: list[DurableCallback | None]) -> None:
+        with self._cond:
+            self._durable_lsn = lsn
+            self._cond.notify_all()
+        for callback in callbacks:
+            if callback is not None:
+                self._run_callback(callback, lsn, None)
+
+    def _run_callback(self, callback: DurableCallback, lsn: int, error: BaseException | None) -> None:
+        try:
+            callback(lsn, error)
+        except Exception:
+            _log.exception("durable_callback_failed", lsn=lsn)
+
+    def _fail(self, exc: BaseException, callback: DurableCallback | None) -> None:
+        error = WriterFailedError(
+            f"log writer for {self.wal.log_dir} failed: {type(exc).__name__}: {exc}. Nothing after "
+            f"LSN {self._durable_lsn} is durable; stop the server, check the disk, then restart "
+            "(recovery marks unfinished requests interrupted)")
+        error.__cause__ = exc
+        _log.error("wal_writer_failed", log_dir=str(self.wal.log_dir), error=repr(exc),
+                   durable_lsn=self._durable_lsn)
+        with self._cond:
+            self._error = error
+            self._cond.notify_all()
+        for _, pending in self._unsynced:
+            if pending is not None:
+                self._run_callback(pending, self._durable_lsn, error)
+        self._unsynced = []
+        if callback is not None:
+            self._run_callback(callback, self._durable_lsn, error)
+
+    def _reject(self, item: _Item, error: WriterFailedError) -> None:
+        if item.callback is not None:
+            self._run_callback(item.callback, self._durable_lsn, error)
+        if item.future is not None:
+            item.future.set_exception(error)
