@@ -1,0 +1,52 @@
+"""Shared fixtures: tiny random-weight checkpoints built locally, and engines that must
+hand every KV slot back by the end of each test."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from server.models.demo import CheckpointSpec, build_checkpoint
+
+TINY_SPECS = {
+    "llama": CheckpointSpec(architecture="LlamaForCausalLM", seed=1),
+    # Qwen2: q/k/v biases and tied embeddings.
+    "qwen2": CheckpointSpec(architecture="Qwen2ForCausalLM", tie_word_embeddings=True, seed=2),
+    # Qwen3: q/k RMSNorm and a head_dim that is not hidden_size / num_heads.
+    "qwen3": CheckpointSpec(architecture="Qwen3ForCausalLM", head_dim=32, seed=3),
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    built: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in built:
+            built[name] = build_checkpoint(tmp_path_factory.mktemp(f"ckpt-{name}"), TINY_SPECS[name])
+        return built[name]
+
+    return get
+
+
+@pytest.fixture
+def make_engine() -> Iterator[Callable[..., object]]:
+    """Engines made here are checked after the test: KV free == capacity, pools consistent."""
+    from server import Engine
+
+    engines: list[Engine] = []
+
+    def make(model_path: Path | str, **kwargs: object) -> Engine:
+        kwargs.setdefault("max_total_tokens", 4096)
+        engine = Engine(model_path=str(model_path), **kwargs)
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.shutdown()
+        sched = engine.scheduler
+        assert sched.is_idle, "requests still live at the end of the test"
+        assert sched.kv_pool.num_free == sched.kv_pool.capacity, "KV slots leaked"
+        sched.check_integrity()

@@ -1,0 +1,54 @@
+"""Sampling: seeded draws reproducible and independent of batch company; filters exact."""
+from __future__ import annotations
+
+import torch
+
+from server.sampling.params import SamplingParams
+from server.sampling.sampler import _filtered_probs, sample
+
+PARAMS = {"max_new_tokens": 12, "temperature": 1.0, "seed": 77, "ignore_eos": True}
+
+
+def test_seeded_sampling_is_reproducible_and_independent_of_batch_company(tiny_checkpoint, make_engine):
+    engine = make_engine(tiny_checkpoint("llama"))
+    target = list(range(10, 40))
+    alone = engine.generate(input_ids=target, sampling_params=PARAMS)["output_ids"]
+    again = engine.generate(input_ids=target, sampling_params=PARAMS)["output_ids"]
+    others = [list(range(5, 5 + n)) for n in (3, 90, 17)]
+    batch = engine.generate(
+        input_ids=[others[0], target, others[1], others[2]],
+        sampling_params=[{"max_new_tokens": 12, "temperature": 0.7}, PARAMS, {"max_new_tokens": 5}, {"temperature": 0}],
+    )
+    assert alone == again == batch[1]["output_ids"]
+    other_seed = engine.generate(input_ids=target, sampling_params={**PARAMS, "seed": 78})["output_ids"]
+    assert other_seed != alone
+
+
+def test_top_k_one_is_greedy(tiny_checkpoint, make_engine):
+    engine = make_engine(tiny_checkpoint("llama"))
+    prompt = list(range(3, 50))
+    greedy = engine.generate(input_ids=prompt, sampling_params={"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
+    top1 = engine.generate(input_ids=prompt, sampling_params={"max_new_tokens": 8, "top_k": 1, "seed": 5, "ignore_eos": True})
+    assert greedy["output_ids"] == top1["output_ids"]
+
+
+def test_filters_keep_exactly_the_allowed_tokens():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3))
+    params = [SamplingParams(top_k=2), SamplingParams(top_p=0.8), SamplingParams(min_p=0.25)]
+    probs = _filtered_probs(logits, params)
+    assert torch.allclose(probs[0], torch.tensor([0.625, 0.375, 0, 0]))
+    # top_p=0.8: 0.5 + 0.3 reaches 0.8, so the third token is excluded.
+    assert torch.allclose(probs[1], torch.tensor([0.625, 0.375, 0, 0]))
+    # min_p=0.25 of the top probability 0.5 keeps tokens with p >= 0.125.
+    assert torch.allclose(probs[2], torch.tensor([0.5, 0.3, 0.15, 0]) / 0.95)
+
+
+def test_sampling_draws_follow_the_distribution():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    n = 4000
+    logits = torch.log(probs).repeat(n, 1)
+    gens = [torch.Generator().manual_seed(i) for i in range(n)]
+    out = sample(logits, [SamplingParams()] * n, gens, top_k_max=0)
+    freq = torch.bincount(out.token_ids, minlength=4).float() / n
+    assert torch.allclose(freq, probs, atol=0.03)
+    assert torch.allclose(out.logprobs, torch.log(probs)[out.token_ids], atol=1e-6)
