@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,6 +19,20 @@ from server.model_runner import ModelRunner
 from server.outputs import RequestDelta
 from server.request import FinishReason, Req
 from server.result_processing import process_decode_result, process_extend_result
+
+
+@dataclass(slots=True)
+class StepStats:
+    """Cumulative step counts, tokens and seconds per forward mode (benchmarks, metrics)."""
+
+    steps: dict[ForwardMode, int] = field(default_factory=lambda: dict.fromkeys(ForwardMode, 0))
+    tokens: dict[ForwardMode, int] = field(default_factory=lambda: dict.fromkeys(ForwardMode, 0))
+    seconds: dict[ForwardMode, float] = field(default_factory=lambda: dict.fromkeys(ForwardMode, 0.0))
+
+    def record(self, mode: ForwardMode, tokens: int, seconds: float) -> None:
+        self.steps[mode] += 1
+        self.tokens[mode] += tokens
+        self.seconds[mode] += seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +62,7 @@ class Scheduler:
         self.running: list[Req] = []  # prefill done, decoding
         self.chunked_req: Req | None = None  # mid-way through a chunked prefill
         self.reserved_tokens = 0
+        self.stats = StepStats()
 
     # -- queue ----------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -66,12 +81,14 @@ class Scheduler:
         batch = self.next_batch()
         if batch is None:
             return []
+        started = time.perf_counter()
         result = self.runner.forward(batch)
         deltas: list[RequestDelta] = []
         if batch.mode is ForwardMode.EXTEND:
             self._finish_checks(process_extend_result(batch, result, deltas), deltas, newly_prefilled=True)
         else:
             self._finish_checks(process_decode_result(batch, result, deltas), deltas, newly_prefilled=False)
+        self.stats.record(batch.mode, batch.num_tokens, time.perf_counter() - started)
         return deltas
 
     def next_batch(self) -> ForwardBatch | None:

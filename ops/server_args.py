@@ -1,0 +1,43 @@
+"""CLI flags generated from `ServerArgs`: one flag per field, SGLang's spelling."""
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from dataclasses import MISSING, fields
+from typing import Any
+
+from server.config import DURABILITY_MODES, ServerArgs
+
+HELP = {
+    "model_path": "Hugging Face model directory (default: the built-in demo model)",
+    "chunked_prefill_size": "max prompt tokens per extend step; <= 0 disables chunking",
+    "max_total_tokens": "KV cache capacity in tokens (default: derived from memory)",
+    "disable_overlap_schedule": "process each step's result before launching the next",
+    "log_dir": "directory of the write-ahead log (LMDB)",
+    "log_durability": f"WAL durability: {', '.join(DURABILITY_MODES)}",
+}
+
+
+def add_server_args(parser: argparse.ArgumentParser) -> None:
+    hints = typing.get_type_hints(ServerArgs)
+    for f in fields(ServerArgs):
+        flag = "--" + f.name.replace("_", "-")
+        kind = _base_type(hints[f.name])
+        default = None if f.default is MISSING else f.default
+        help_text = HELP.get(f.name, "") + (f" (default: {default})" if default not in (None, False) else "")
+        if kind is bool:
+            parser.add_argument(flag, action="store_true", help=help_text or None)
+        else:
+            parser.add_argument(flag, type=kind, default=default, help=help_text or None)
+
+
+def server_args_from(ns: argparse.Namespace) -> ServerArgs:
+    values: dict[str, Any] = {f.name: getattr(ns, f.name) for f in fields(ServerArgs)}
+    return ServerArgs.from_kwargs(**values)
+
+
+def _base_type(hint: Any) -> type:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint

@@ -1,0 +1,1 @@
+"""The HTTP front end."""
