@@ -6,12 +6,13 @@ CHECKPOINT lists each one (FORMAT.md, "Salvage"), naming the LSNs that were lost
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import lmdb
 
-from commitlog.codec import GENESIS_HASH, EncodedGroup, Entry, Kind, decode_value, encode_value, key_lsn, lsn_key
+from commitlog.codec import GENESIS_HASH, META_CHECKPOINT, EncodedGroup, Entry, Kind, decode_value, encode_value, key_lsn, lsn_key
 from commitlog.errors import CommitLogError, CorruptRecordError
 from commitlog.wal import Wal, WalConfig
 
@@ -41,6 +42,7 @@ def _copy(src: Wal, dst: Wal) -> SalvageReport:
     report = SalvageReport()
     group = EncodedGroup(0, 0, [], [])
     prev, kept, last, expected = GENESIS_HASH, [], 0, 1
+    live: dict[bytes, bytes] = {}
     with src.env.begin() as txn, txn.cursor(src.records) as cur:
         for key, value in cur:
             lsn = key_lsn(key)
@@ -57,12 +59,18 @@ def _copy(src: Wal, dst: Wal) -> SalvageReport:
             group.records.append((key, new_value))
             if record.rid is not None:
                 group.index.append((record.rid.encode(), key))
+                if record.kind is Kind.BEGIN:  # rebuild the live table as recovery needs it
+                    live[record.rid.encode()] = key
+                elif record.kind is Kind.FINISH:
+                    live.pop(record.rid.encode(), None)
     end = last + 1
     closing = Entry(Kind.CHECKPOINT, None, {"start": end, "anchor": prev, "kept": kept, "dropped_requests": 0,
                                            "salvaged_from": str(src.log_dir), "lost": report.lost_lsns})
-    value, _ = encode_value(end, closing, 0, prev)
+    value, _ = encode_value(end, closing, time.time_ns(), prev)
     group.records.append((lsn_key(end), value))
-    group.meta.append((b"checkpoint_lsn", lsn_key(end)))
+    group.meta.append((META_CHECKPOINT, lsn_key(end)))
+    group.live_puts = sorted(live.items())
     dst.write_group(group)
     report.num_copied = len(kept)
     return report
+

@@ -21,6 +21,7 @@ META_FINGERPRINT = b"model_fingerprint"
 META_INSTANCE_PREFIX = b"instance:"
 DATA_FILE = "data.mdb"
 _WRITER_LOCK = "writer.lock"
+_MIN_DATA_FILE = 2 * 4096
 
 
 class Durability(enum.Enum):
@@ -59,6 +60,7 @@ class Wal:
         self.live = env.open_db(LIVE_DB, create=not readonly)
         self.meta = env.open_db(META_DB, create=not readonly)
         self._lock_fd: int | None = None
+        self.closed = False
 
     @classmethod
     def open(cls, log_dir: str | os.PathLike[str], config: WalConfig | None = None, readonly: bool = False) -> Wal:
@@ -67,6 +69,7 @@ class Wal:
         if readonly and not (path / DATA_FILE).exists():
             raise CommitLogError(f"no log at {path} (missing {DATA_FILE}); check --log-dir")
         path.mkdir(parents=True, exist_ok=True)
+        _check_meta_pages_present(path)
         lock_fd = None if readonly else _take_writer_lock(path)
         sync = cfg.durability is Durability.FSYNC
         try:
@@ -144,6 +147,7 @@ class Wal:
             return txn.get(key)
 
     def close(self) -> None:
+        self.closed = True
         self.env.close()
         if self._lock_fd is not None:
             os.close(self._lock_fd)
@@ -161,6 +165,15 @@ def _take_writer_lock(path: Path) -> int:
     return fd
 
 
+def _check_meta_pages_present(path: Path) -> None:
+    """An existing data file shorter than LMDB's two meta pages would be re-initialised: refuse."""
+    data = path / DATA_FILE
+    if data.exists() and data.stat().st_size < _MIN_DATA_FILE:
+        raise CorruptRecordError(
+            f"{data} is truncated to {data.stat().st_size} bytes, shorter than LMDB's two meta pages; "
+            "no record can be read from it; restore the log directory from a backup")
+
+
 def _check_not_truncated(env: lmdb.Environment, path: Path) -> None:
     """Reading a page past the end of a truncated file would kill the process with SIGBUS."""
     needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
@@ -169,4 +182,5 @@ def _check_not_truncated(env: lmdb.Environment, path: Path) -> None:
         env.close()
         raise CorruptRecordError(
             f"{path / DATA_FILE} is truncated: {size} bytes on disk, the last committed "
-            f"transaction needs {needed}; records past byte {size} are lost", None, str(path))
+            f"transaction needs {needed}; records past byte {size} are lost and reading them would "
+            "crash the process (SIGBUS); restore the log directory from a backup")

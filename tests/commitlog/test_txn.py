@@ -9,7 +9,7 @@ from commitlog import (
 from commitlog.codec import Entry
 from commitlog.state import Delta
 
-from .conftest import FakeMatcher, sync_flush
+from commitlog_helpers import FakeMatcher, sync_flush
 
 
 def _state() -> RequestState:

@@ -1,0 +1,85 @@
+"""Damaged files: flipped bytes and truncation give CorruptRecordError, never wrong data or a crash."""
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from commitlog import CorruptRecordError, FinishReason, Ledger, LogReader
+from commitlog_helpers import FAST
+
+
+def _write_log(log_dir: Path, num_requests: int = 30) -> dict[int, bytes]:
+    ledger = Ledger.open(log_dir, FAST)
+    for r in range(num_requests):
+        ledger.begin(f"req-{r}", [r, r + 1, r + 2], {"temperature": 0.5})
+        for i in range(3):
+            txn = ledger.txn(f"req-{r}")
+            txn.append_token(1000 * r + i, -0.01 * i, [(1000 * r + i, -0.01 * i), (7, -4.0)])
+            txn.commit()
+        ledger.finish(f"req-{r}", FinishReason.LENGTH)
+        ledger.flush()
+    ledger.close()
+    reader = LogReader.open(log_dir)
+    with reader.wal.env.begin() as txn:
+        values = {int.from_bytes(k, "big"): v for k, v in txn.cursor(reader.wal.records)}
+    reader.close()
+    return values
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_flipped_byte_in_a_record_value_on_disk_is_reported_with_its_lsn(log_dir: Path, seed: int) -> None:
+    values = _write_log(log_dir)
+    rng = random.Random(seed)
+    lsn = rng.choice(sorted(values))
+    value = values[lsn]
+    offset, mask = rng.randrange(len(value)), 1 << rng.randrange(8)
+    data = bytearray((log_dir / "data.mdb").read_bytes())
+    at = data.find(value)
+    assert at >= 0
+    while at >= 0:  # copy-on-write leaves stale copies in free pages; flip every copy
+        data[at + offset] ^= mask
+        at = data.find(value, at + 1)
+    (log_dir / "data.mdb").write_bytes(bytes(data))
+    reader = LogReader.open(log_dir)
+    with pytest.raises(CorruptRecordError) as info:
+        reader.verify()
+    assert info.value.lsn == lsn and f"record LSN {lsn}" in str(info.value)
+    with pytest.raises(CorruptRecordError):
+        list(reader.records(lsn, lsn))
+    intact = [r.lsn for r in reader.records(1, lsn - 1)]  # records before it still read
+    assert intact == list(range(1, lsn))
+    reader.close()
+
+
+TRUNCATE_CHILD = """
+import sys
+from commitlog import CommitLogError, LogReader
+try:
+    reader = LogReader.open(sys.argv[1])
+    reader.verify()
+    print("OPENED")
+except CommitLogError as exc:
+    print(type(exc).__name__, "|", exc)
+"""
+
+
+def test_truncated_data_file_is_reported_not_crashed(log_dir: Path, tmp_path: Path) -> None:
+    _write_log(log_dir)
+    size = (log_dir / "data.mdb").stat().st_size
+    for keep in (size - 4096, size // 2, 8192, 100, 0):
+        copy = tmp_path / f"cut-{keep}"
+        shutil.copytree(log_dir, copy)
+        with open(copy / "data.mdb", "r+b") as f:
+            f.truncate(keep)
+        # A subprocess, so a SIGBUS from reading past the end of the file would show as a failure here.
+        proc = subprocess.run([sys.executable, "-c", TRUNCATE_CHILD, str(copy)],
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0, (keep, proc.returncode, proc.stderr)
+        assert proc.stdout.startswith("CorruptRecordError |"), (keep, proc.stdout)
+        assert "truncated" in proc.stdout or "not a valid LMDB file" in proc.stdout
+        assert "Traceback" not in proc.stderr
