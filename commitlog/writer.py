@@ -13,14 +13,17 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-import structlog
-
 from commitlog.codec import EncodedGroup
 from commitlog.errors import WriterFailedError
 from commitlog.wal import Durability, Wal, WalConfig
 
 DurableCallback = Callable[[int, "BaseException | None"], None]
-_log = structlog.get_logger("commitlog.writer")
+
+
+def _log() -> Any:
+    """structlog is imported only when something goes wrong: it is off the hot path and slow to import."""
+    import structlog
+    return structlog.get_logger("commitlog.writer")
 
 
 @dataclass(slots=True)
@@ -152,7 +155,7 @@ class WalWriter:
         try:
             callback(lsn, error)
         except Exception:
-            _log.exception("durable_callback_failed", lsn=lsn)
+            _log().exception("durable_callback_failed", lsn=lsn)
 
     def _fail(self, exc: BaseException, callback: DurableCallback | None) -> None:
         error = WriterFailedError(
@@ -160,7 +163,7 @@ class WalWriter:
             f"LSN {self._durable_lsn} is durable; stop the server, check the disk, then restart "
             "(recovery marks unfinished requests interrupted)")
         error.__cause__ = exc
-        _log.error("wal_writer_failed", log_dir=str(self.wal.log_dir), error=repr(exc),
+        _log().error("wal_writer_failed", log_dir=str(self.wal.log_dir), error=repr(exc),
                    durable_lsn=self._durable_lsn)
         with self._cond:
             self._error = error
