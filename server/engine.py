@@ -119,7 +119,7 @@ class Engine:
             while True:
                 if not self._drain_inbox(block=sched.is_idle):
                     break
-                self._deliver(sched.step())
+                self._deliver(sched.run_step())
                 if sched.is_idle:
                     sched.check_integrity()
         except BaseException as exc:  # the loop must never die silently

@@ -33,6 +33,8 @@ class ForwardBatch:
     samples: list[bool]  # per request: does this forward produce its next token?
     # per request: prompt positions whose input logprob this forward scores (targets).
     input_logprob_targets: list[list[int]]
+    # one future-map slot per sampling request, in packed order: where its token is published.
+    future_slots: list[int]
 
     @property
     def num_tokens(self) -> int:

@@ -59,8 +59,13 @@ class Req:
     pool_row: int | None = None
     kv_allocated_len: int = 0
     kv_committed_len: int = 0
-    prefilled_len: int = 0  # prompt tokens already run through the model
+    prefilled_len: int = 0  # prompt tokens whose extend result was processed
     reserved_tokens: int = 0
+    # Scheduling side, ahead of the committed state while results are pending (overlap).
+    scheduled_prefill_len: int = 0  # prompt tokens put into launched batches
+    inflight_tokens: int = 0  # tokens sampled by launched forwards whose results are pending
+    inflight_batches: int = 0
+    future_slot: int = -1  # where the latest in-flight token is published
     finish: FinishReason | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -76,6 +81,11 @@ class Req:
     @property
     def is_prefill_done(self) -> bool:
         return self.prefilled_len >= self.prompt_len
+
+    @property
+    def scheduled_tokens(self) -> int:
+        """Output tokens committed or already being produced by a launched forward."""
+        return len(self.output_ids) + self.inflight_tokens
 
     @property
     def is_finished(self) -> bool:

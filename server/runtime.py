@@ -47,8 +47,10 @@ def build_runtime(args: ServerArgs) -> Runtime:
     eos = set(cfg.eos_token_ids)
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
-    policy = SchedulePolicy(args.max_running_requests, args.chunked_prefill_size, args.max_prefill_tokens, context_len)
-    scheduler = Scheduler(policy, ModelRunner(model, kv_pool), req_pool, kv_pool, frozenset(eos), tokenizer.decode)
+    policy = SchedulePolicy(args.max_running_requests, args.chunked_prefill_size, args.max_prefill_tokens,
+                            context_len, overlap=not args.disable_overlap_schedule)
+    runner = ModelRunner(model, kv_pool, policy.future_slots)
+    scheduler = Scheduler(policy, runner, req_pool, kv_pool, frozenset(eos), tokenizer.decode)
     limits = Limits(vocab_size=cfg.vocab_size, context_len=context_len, kv_capacity=kv_pool.capacity)
     return Runtime(args, model_dir, cfg, tokenizer, scheduler, limits)
 

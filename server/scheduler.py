@@ -1,8 +1,10 @@
-"""The scheduler: waiting queue, running batch, prefill-first policy, chunked prefill.
+"""The scheduler: waiting queue, running batch, prefill-first policy, chunked prefill, and
+the overlap loop.
 
-`step()` builds one forward batch, runs it and applies its result. KV for a request is
-*reserved* in full (prompt + max_new_tokens) when it is admitted, so decode can never run
-out of slots mid-request; a request that does not fit waits at the head of the queue.
+Overlap (the default): `run_step` launches step N+1's forward *before* processing step N's
+result. Tests drive the same pieces one at a time (`launch_next`, `process_oldest`) to stop
+inside that window. KV for a request is *reserved* in full (prompt + max_new_tokens) at
+admission, so decode never runs out of slots; a request that does not fit waits.
 """
 from __future__ import annotations
 
@@ -10,12 +12,11 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-import torch
-
+from server.batch_builder import BatchBuilder
 from server.finish import Detokenize, check_finish
 from server.forward_batch import ForwardBatch, ForwardMode
 from server.memory import ReqToTokenPool, TokenToKVPool
-from server.model_runner import ModelRunner
+from server.model_runner import ForwardHandle, ModelRunner
 from server.outputs import RequestDelta
 from server.request import FinishReason, Req
 from server.result_processing import process_decode_result, process_extend_result
@@ -41,10 +42,16 @@ class SchedulePolicy:
     chunked_prefill_size: int  # <= 0: no chunking
     max_prefill_tokens: int
     context_len: int
+    overlap: bool = True
 
     @property
     def prefill_budget(self) -> int:
         return self.chunked_prefill_size if self.chunked_prefill_size > 0 else self.max_prefill_tokens
+
+    @property
+    def future_slots(self) -> int:
+        # At most two batches' tokens are unresolved at once (launched N+1, pending N).
+        return 4 * self.max_running_requests + 16
 
 
 class Scheduler:
@@ -58,9 +65,12 @@ class Scheduler:
         self.kv_pool = kv_pool
         self.eos_ids = eos_ids
         self.detokenize = detokenize
+        self.builder = BatchBuilder(req_pool, kv_pool, policy.future_slots)
         self.waiting: deque[Req] = deque()
-        self.running: list[Req] = []  # prefill done, decoding
+        self.running: list[Req] = []  # prefill fully launched: candidates for decode
         self.chunked_req: Req | None = None  # mid-way through a chunked prefill
+        self.inflight: deque[ForwardHandle] = deque()  # launched, result not yet processed
+        self.outbox: list[RequestDelta] = []
         self.reserved_tokens = 0
         self.stats = StepStats()
 
@@ -70,34 +80,67 @@ class Scheduler:
 
     @property
     def is_idle(self) -> bool:
-        return not (self.waiting or self.running or self.chunked_req)
+        return not (self.waiting or self.running or self.chunked_req or self.inflight)
 
-    @property
-    def num_live(self) -> int:
-        return len(self.running) + (self.chunked_req is not None)
+    def live_requests(self) -> list[Req]:
+        live = {id(r): r for r in self.running}
+        if self.chunked_req is not None:
+            live[id(self.chunked_req)] = self.chunked_req
+        for handle in self.inflight:
+            live.update((id(r), r) for r in handle.batch.reqs if not r.is_finished)
+        return list(live.values())
 
-    # -- one step -------------------------------------------------------------------
-    def step(self) -> list[RequestDelta]:
+    # -- the loop -------------------------------------------------------------------
+    def run_step(self) -> list[RequestDelta]:
+        """One iteration: launch the next forward, then process results it may overtake."""
+        launched = self.launch_next()
+        keep = 1 if (self.policy.overlap and launched) else 0
+        while len(self.inflight) > keep:
+            self.process_oldest()
+        out, self.outbox = self.outbox, []
+        return out
+
+    def launch_next(self) -> ForwardHandle | None:
         batch = self.next_batch()
         if batch is None:
-            return []
+            return None
+        for req, sampled in zip(batch.reqs, batch.samples):
+            req.inflight_batches += 1
+            req.inflight_tokens += sampled
         started = time.perf_counter()
-        result = self.runner.forward(batch)
-        deltas: list[RequestDelta] = []
-        if batch.mode is ForwardMode.EXTEND:
-            self._finish_checks(process_extend_result(batch, result, deltas), deltas, newly_prefilled=True)
-        else:
-            self._finish_checks(process_decode_result(batch, result, deltas), deltas, newly_prefilled=False)
+        handle = self.runner.launch(batch)
         self.stats.record(batch.mode, batch.num_tokens, time.perf_counter() - started)
-        return deltas
+        self.inflight.append(handle)
+        return handle
+
+    def process_oldest(self) -> None:
+        handle = self.inflight.popleft()
+        batch, result = handle.batch, handle.result()
+        for req, sampled in zip(batch.reqs, batch.samples):
+            req.inflight_batches -= 1
+            req.inflight_tokens -= sampled
+        if batch.mode is ForwardMode.EXTEND:
+            sampled_reqs = process_extend_result(batch, result, self.outbox)
+        else:
+            sampled_reqs = process_decode_result(batch, result, self.outbox)
+        self._finish_checks(sampled_reqs)
 
     def next_batch(self) -> ForwardBatch | None:
         extend = self._admit_for_extend()
         if extend:
-            return self._build_extend_batch(extend)
-        if self.running:
-            return self._build_decode_batch(self.running)
-        return None
+            batch = self.builder.extend(extend)
+            for req, n in extend:
+                req.scheduled_prefill_len += n
+                if req.scheduled_prefill_len == req.prompt_len:
+                    self.running.append(req)  # merged into decode at schedule time
+            return batch
+        decodable = [r for r in self.running if self._can_decode(r)]
+        return self.builder.decode(decodable) if decodable else None
+
+    def _can_decode(self, req: Req) -> bool:
+        # Never schedule a token the finish check would refuse: length limits are known ahead.
+        n = req.scheduled_tokens
+        return not req.is_finished and n < req.params.max_new_tokens and req.prompt_len + n < self.policy.context_len
 
     # -- admission ------------------------------------------------------------------
     def _admit_for_extend(self) -> list[tuple[Req, int]]:
@@ -105,9 +148,10 @@ class Scheduler:
         chosen: list[tuple[Req, int]] = []
         if self.chunked_req is not None:
             req, self.chunked_req = self.chunked_req, None
-            chosen.append((req, min(req.prompt_len - req.prefilled_len, budget)))
+            chosen.append((req, min(req.prompt_len - req.scheduled_prefill_len, budget)))
             budget -= chosen[-1][1]
-        while self.waiting and budget > 0 and self.num_live + len(chosen) < self.policy.max_running_requests:
+        # The request pool has one row per running request: a free row is the running cap.
+        while self.waiting and budget > 0:
             req = self.waiting[0]
             if not self._reserve(req):
                 break  # head-of-line waits for memory; FIFO keeps admission fair
@@ -115,7 +159,7 @@ class Scheduler:
             chosen.append((req, min(req.prompt_len, budget)))
             budget -= chosen[-1][1]
         for req, n in chosen:
-            if req.prefilled_len + n < req.prompt_len:
+            if req.scheduled_prefill_len + n < req.prompt_len:
                 self.chunked_req = req  # at most one: the budget is spent once it is chunked
         return chosen
 
@@ -128,65 +172,17 @@ class Scheduler:
         self.reserved_tokens += need
         return True
 
-    # -- batch building -------------------------------------------------------------
-    def _build_extend_batch(self, chosen: list[tuple[Req, int]]) -> ForwardBatch:
-        ids: list[int] = []
-        positions: list[torch.Tensor] = []
-        slots, kv_indices, targets = [], [], []
-        for req, n in chosen:
-            start = req.prefilled_len
-            ids.extend(req.prompt_ids[start : start + n])
-            positions.append(torch.arange(start, start + n))
-            slots.append(self._alloc_slots(req, n))
-            kv_indices.append(self.req_pool.table[req.pool_row, : start + n])
-            targets.append(self._input_logprob_targets(req, start, n))
-        return ForwardBatch(
-            mode=ForwardMode.EXTEND, reqs=[r for r, _ in chosen], extend_lens=[n for _, n in chosen],
-            prefix_lens=[r.prefilled_len for r, _ in chosen], input_ids=torch.tensor(ids),
-            positions=torch.cat(positions), out_cache_loc=torch.cat(slots), kv_indices=kv_indices,
-            samples=[r.prefilled_len + n == r.prompt_len for r, n in chosen], input_logprob_targets=targets,
-        )
-
-    def _build_decode_batch(self, reqs: list[Req]) -> ForwardBatch:
-        slots = torch.cat([self._alloc_slots(r, 1) for r in reqs])
-        lens = [r.total_len for r in reqs]
-        return ForwardBatch(
-            mode=ForwardMode.DECODE, reqs=list(reqs), extend_lens=[1] * len(reqs),
-            prefix_lens=[n - 1 for n in lens], input_ids=torch.tensor([r.output_ids[-1] for r in reqs]),
-            positions=torch.tensor(lens) - 1, out_cache_loc=slots,
-            kv_indices=[self.req_pool.table[r.pool_row, :n] for r, n in zip(reqs, lens)],
-            samples=[True] * len(reqs), input_logprob_targets=[[] for _ in reqs],
-        )
-
-    def _alloc_slots(self, req: Req, n: int) -> torch.Tensor:
-        slots = self.kv_pool.alloc(n)
-        # Admission reserved prompt + max_new_tokens, so this cannot fail.
-        assert slots is not None, f"KV reservation broken for {req.rid}"
-        self.req_pool.table[req.pool_row, req.kv_allocated_len : req.kv_allocated_len + n] = slots
-        req.kv_allocated_len += n
-        return slots
-
-    def _input_logprob_targets(self, req: Req, start: int, n: int) -> list[int]:
-        if not req.wants_input_logprobs:
-            return []
-        first = max(start + 1, req.logprob.logprob_start_len, 1)
-        return list(range(first, min(start + n, req.prompt_len - 1) + 1))
-
     # -- finishing ------------------------------------------------------------------
-    def _finish_checks(self, reqs: list[Req], deltas: list[RequestDelta], newly_prefilled: bool) -> None:
-        by_rid = {d.rid: d for d in deltas}
+    def _finish_checks(self, reqs: list[Req]) -> None:
+        by_rid = {d.rid: d for d in self.outbox}
         for req in reqs:
             finish = check_finish(req, self.eos_ids, self.policy.context_len, self.detokenize)
-            if finish is None:
-                if newly_prefilled:
-                    self.running.append(req)
-                continue
-            self.finish_request(req, finish)
-            by_rid[req.rid].finish = finish
-            by_rid[req.rid].completion_tokens = len(req.output_ids)
+            if finish is not None:
+                self.finish_request(req, finish)
+                by_rid[req.rid].finish = finish
+                by_rid[req.rid].completion_tokens = len(req.output_ids)
 
     def abort_request(self, req: Req, finish: FinishReason) -> None:
-        """Synchronous loop: no result is pending between steps, so finishing now is exact."""
         if req in self.waiting:
             self.waiting.remove(req)
         self.finish_request(req, finish)
@@ -203,6 +199,8 @@ class Scheduler:
         self._release(req)
 
     def _release(self, req: Req) -> None:
+        # Slots a still-pending forward writes into are safe to free: forwards run in launch
+        # order, so any later allocation of them is written after that forward.
         if req.pool_row is not None:
             self.kv_pool.free(self.req_pool.table[req.pool_row, : req.kv_allocated_len].clone())
             self.req_pool.free(req.pool_row)
@@ -213,7 +211,7 @@ class Scheduler:
     # -- accounting -----------------------------------------------------------------
     def check_integrity(self) -> None:
         """Pool accounting must equal what live requests hold; run when idle and in tests."""
-        live = list(self.running) + ([self.chunked_req] if self.chunked_req else [])
+        live = self.live_requests()
         held = sum(r.kv_allocated_len for r in live)
         assert self.kv_pool.num_used == held, f"KV used {self.kv_pool.num_used} != held by live requests {held}"
         assert self.req_pool.num_rows - self.req_pool.num_free == len(live), "request rows leaked"

@@ -52,13 +52,13 @@ def _has_tie(values: torch.Tensor) -> bool:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_i8_greedy_batch_matches_hf_generate_with_and_without_chunking(arch, tiny_checkpoint, make_engine):
+def test_i8_greedy_batch_matches_hf_generate_with_any_chunking_overlap_on_and_off(arch, tiny_checkpoint, make_engine):
     model_dir = tiny_checkpoint(arch)
     prompts = _prompts(500)
     reference = _hf_greedy(model_dir, prompts)
     matched = 0
-    for chunk in (-1, 64, 29):
-        engine = make_engine(model_dir, chunked_prefill_size=chunk)
+    for chunk, no_overlap in ((-1, False), (64, False), (29, True), (64, True)):
+        engine = make_engine(model_dir, chunked_prefill_size=chunk, disable_overlap_schedule=no_overlap)
         outs = engine.generate(
             input_ids=prompts, sampling_params={"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True},
             return_logprob=True, top_logprobs_num=5,
@@ -66,7 +66,7 @@ def test_i8_greedy_batch_matches_hf_generate_with_and_without_chunking(arch, tin
         for ours, (hf_ids, hf_lps) in zip(outs, reference):
             matched += _compare(ours, hf_ids, hf_lps, top_k=5)
     # Ties are rare by construction (peaked random weights): nearly everything must be compared.
-    assert matched >= 0.9 * 3 * len(prompts) * MAX_NEW
+    assert matched >= 0.9 * 4 * len(prompts) * MAX_NEW
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

@@ -29,13 +29,13 @@ def test_request_that_does_not_fit_waits_and_all_slots_come_back(tiny_checkpoint
 def test_max_running_requests_caps_the_batch(tiny_checkpoint, make_engine):
     engine = make_engine(tiny_checkpoint("llama"), max_running_requests=2)
     seen: list[int] = []
-    original = engine.scheduler.runner.forward
+    original = engine.scheduler.runner.launch
 
     def spy(batch):
         seen.append(len(batch.reqs))
         return original(batch)
 
-    engine.scheduler.runner.forward = spy
+    engine.scheduler.runner.launch = spy
     outs = engine.generate(input_ids=[_prompt(10, s) for s in range(5)], sampling_params=GREEDY)
     assert all(len(o["output_ids"]) == 16 for o in outs)
     assert max(seen) == 2

@@ -1,0 +1,72 @@
+"""Builds `ForwardBatch`es: allocates KV slots, writes the request-to-token rows, and
+marks each sampled token's future-map slot."""
+from __future__ import annotations
+
+import torch
+
+from server.forward_batch import ForwardBatch, ForwardMode
+from server.memory import ReqToTokenPool, TokenToKVPool
+from server.request import Req
+
+
+class BatchBuilder:
+    def __init__(self, req_pool: ReqToTokenPool, kv_pool: TokenToKVPool, future_slots: int) -> None:
+        self.req_pool = req_pool
+        self.kv_pool = kv_pool
+        self.num_future_slots = future_slots
+        self._next_future = 0
+
+    def extend(self, chosen: list[tuple[Req, int]]) -> ForwardBatch:
+        ids: list[int] = []
+        positions, slots, kv_indices, targets, samples, prefixes = [], [], [], [], [], []
+        for req, n in chosen:
+            start = req.scheduled_prefill_len
+            ids.extend(req.prompt_ids[start : start + n])
+            positions.append(torch.arange(start, start + n))
+            slots.append(self._alloc(req, n))
+            kv_indices.append(self.req_pool.table[req.pool_row, : start + n])
+            targets.append(_input_logprob_targets(req, start, n))
+            samples.append(start + n == req.prompt_len)
+            prefixes.append(start)
+        reqs = [r for r, _ in chosen]
+        return ForwardBatch(
+            mode=ForwardMode.EXTEND, reqs=reqs, extend_lens=[n for _, n in chosen], prefix_lens=prefixes,
+            input_ids=torch.tensor(ids), positions=torch.cat(positions), out_cache_loc=torch.cat(slots),
+            kv_indices=kv_indices, samples=samples, input_logprob_targets=targets,
+            future_slots=[self._publish(r) for r, s in zip(reqs, samples) if s],
+        )
+
+    def decode(self, reqs: list[Req]) -> ForwardBatch:
+        # A request whose previous token is still in flight reads it from the future map.
+        inputs = [-(r.future_slot + 1) if r.inflight_tokens else r.output_ids[-1] for r in reqs]
+        positions = [r.prompt_len + r.scheduled_tokens - 1 for r in reqs]
+        slots = torch.cat([self._alloc(r, 1) for r in reqs])
+        return ForwardBatch(
+            mode=ForwardMode.DECODE, reqs=list(reqs), extend_lens=[1] * len(reqs), prefix_lens=positions,
+            input_ids=torch.tensor(inputs), positions=torch.tensor(positions), out_cache_loc=slots,
+            kv_indices=[self.req_pool.table[r.pool_row, : p + 1] for r, p in zip(reqs, positions)],
+            samples=[True] * len(reqs), input_logprob_targets=[[] for _ in reqs],
+            future_slots=[self._publish(r) for r in reqs],
+        )
+
+    def _alloc(self, req: Req, n: int) -> torch.Tensor:
+        slots = self.kv_pool.alloc(n)
+        # Admission reserved prompt + max_new_tokens, so this cannot fail.
+        assert slots is not None, f"KV reservation broken for {req.rid}"
+        assert req.pool_row is not None
+        self.req_pool.table[req.pool_row, req.kv_allocated_len : req.kv_allocated_len + n] = slots
+        req.kv_allocated_len += n
+        return slots
+
+    def _publish(self, req: Req) -> int:
+        slot = self._next_future
+        self._next_future = (self._next_future + 1) % self.num_future_slots
+        req.future_slot = slot
+        return slot
+
+
+def _input_logprob_targets(req: Req, start: int, n: int) -> list[int]:
+    if not req.wants_input_logprobs:
+        return []
+    first = max(start + 1, req.logprob.logprob_start_len, 1)
+    return list(range(first, min(start + n, req.prompt_len - 1) + 1))
