@@ -104,6 +104,10 @@ class Ledger:
         state.finish_reason, state.finish_matched = reason, matched
         self._pending.append(finish_entry(state))
 
+    def staged_lsn(self) -> int:
+        """The LSN the most recently staged entry will be written at (e.g. an ABORT_REQUESTED)."""
+        return self._encoder.next_lsn + len(self._pending) - 1
+
     def step(self) -> Step:
         return Step(self)
 

@@ -2,38 +2,42 @@
 
     from server import Engine
     engine = Engine()                      # the built-in demo model
-    out = engine.generate("Hello", {"max_new_tokens": 8, "temperature": 0})
+    out = engine.generate("Hello", sampling_params={"max_new_tokens": 8, "temperature": 0})
     engine.shutdown()
+
+Results reach callers only from the log's durable callback (I5). Without `log_dir` the
+engine logs to a temporary directory that `shutdown` removes.
 """
 from __future__ import annotations
 
 import queue
+import shutil
+import tempfile
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import structlog
 
+from commitlog import DoomSource
 from server.config import ServerArgs
 from server.errors import EngineStoppedError, InvalidRequestError
-from server.outputs import RequestDelta
-from server.request import FinishKind, FinishReason, Req
+from server.outputs import AbortAnswer, RequestDelta
+from server.request import Req
 from server.request_builder import GenerateCall, RequestBuilder
 from server.response import format_output
 from server.runtime import Runtime, build_runtime
+from server.scheduler import Scheduler
 
 log = structlog.get_logger("tokenledger.engine")
 
 
 @dataclass(slots=True)
-class _Submit:
-    req: Req
-
-
-@dataclass(slots=True)
 class _Abort:
     rid: str
-    reply: queue.Queue[dict[str, Any]]
+    source: DoomSource
+    reply: queue.Queue[tuple[AbortAnswer, BaseException | None]]
 
 
 class _Stop:
@@ -50,19 +54,25 @@ class _Waiter:
 class Engine:
     def __init__(self, model_path: str | None = None, **server_args: Any) -> None:
         self.args = ServerArgs.from_kwargs(model_path=model_path, **server_args)
-        self.runtime: Runtime = build_runtime(self.args)
-        self.tokenizer = self.runtime.tokenizer
-        self._builder = RequestBuilder(self.tokenizer, self.runtime.limits, self.args.random_seed)
-        self._inbox: queue.Queue[_Submit | _Abort | _Stop] = queue.Queue()
+        self._ephemeral_log = self.args.log_dir is None
+        log_dir = Path(self.args.log_dir or tempfile.mkdtemp(prefix="tokenledger-log-"))
+        self._inbox: queue.Queue[Req | _Abort | _Stop] = queue.Queue()
         self._waiters: dict[str, _Waiter] = {}
         self._lock = threading.Lock()
         self._failure: BaseException | None = None
+        self.runtime: Runtime = build_runtime(self.args, log_dir, self._on_durable)
+        self.tokenizer = self.runtime.tokenizer
+        self._builder = RequestBuilder(self.tokenizer, self.runtime.limits, self.args.random_seed)
         self._thread = threading.Thread(target=self._loop, name="tokenledger-scheduler", daemon=True)
         self._thread.start()
 
     @property
-    def scheduler(self):  # -> Scheduler; for tests and metrics
+    def scheduler(self) -> Scheduler:
         return self.runtime.scheduler
+
+    @property
+    def log_dir(self) -> Path:
+        return self.runtime.log_dir
 
     # -- public API -----------------------------------------------------------------
     def generate(
@@ -74,23 +84,39 @@ class Engine:
         call = GenerateCall(prompt, input_ids, sampling_params, return_logprob, top_logprobs_num,
                             logprob_start_len, return_hidden_states, rid)
         reqs, is_batch = self._builder.build(call)
-        waiters = [self._submit(r) for r in reqs]
+        waiters = self._submit(reqs)
         for w in waiters:
             w.done.wait()
             if w.error is not None:
-                raise EngineStoppedError(f"the scheduler stopped: {w.error}") from w.error
+                raise EngineStoppedError(f"the engine stopped before {w.req.rid} finished: {w.error}") from w.error
         outputs = [format_output(w.req, self.tokenizer) for w in waiters]
         return outputs if is_batch else outputs[0]
 
-    def abort(self, rid: str) -> dict[str, Any]:
-        reply: queue.Queue[dict[str, Any]] = queue.Queue()
-        self._put(_Abort(rid, reply))
-        return reply.get()
+    def abort(self, rid: str, source: str = "api") -> dict[str, Any]:
+        """`{rid, status: aborted|already_finished|unknown, completion_tokens, lsn}`; final once returned."""
+        reply: queue.Queue[tuple[AbortAnswer, BaseException | None]] = queue.Queue()
+        self._put(_Abort(rid, DoomSource(source), reply))
+        answer, error = reply.get()
+        if error is not None:
+            raise EngineStoppedError(f"the abort of {rid} could not be logged: {error}") from error
+        return answer.to_dict()
+
+    def abort_all(self, source: str = "api") -> list[dict[str, Any]]:
+        with self._lock:
+            rids = list(self._waiters)
+        return [self.abort(rid, source) for rid in rids]
 
     def shutdown(self) -> None:
+        """Stops the loop, aborts what is still running (logged), writes SERVER_STOP."""
         if self._thread.is_alive():
             self._inbox.put(_Stop())
             self._thread.join()
+        ledger = self.scheduler.ledger
+        if not ledger.wal.closed:
+            ledger.close()
+        self._fail_waiters(EngineStoppedError("the engine was shut down"))
+        if self._ephemeral_log:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
 
     def __enter__(self) -> Engine:
         return self
@@ -99,64 +125,60 @@ class Engine:
         self.shutdown()
 
     # -- plumbing -------------------------------------------------------------------
-    def _submit(self, req: Req) -> _Waiter:
-        waiter = _Waiter(req)
+    def _submit(self, reqs: list[Req]) -> list[_Waiter]:
+        waiters = [_Waiter(r) for r in reqs]
         with self._lock:
-            if req.rid in self._waiters:
-                raise InvalidRequestError(f"rid {req.rid!r} is already in use by a live request", "rid")
-            self._waiters[req.rid] = waiter
-        self._put(_Submit(req))
-        return waiter
+            taken = [r.rid for r in reqs if r.rid in self._waiters]
+            if taken:
+                raise InvalidRequestError(f"rid {taken[0]!r} is already in use by a live request", "rid")
+            self._waiters.update((w.req.rid, w) for w in waiters)
+        for r in reqs:
+            self._put(r)
+        return waiters
 
-    def _put(self, item: _Submit | _Abort | _Stop) -> None:
+    def _put(self, item: Req | _Abort | _Stop) -> None:
         if self._failure is not None or not self._thread.is_alive():
             raise EngineStoppedError("the engine is not running (shut down or failed)")
         self._inbox.put(item)
 
     def _loop(self) -> None:
-        sched = self.runtime.scheduler
+        sched = self.scheduler
         try:
-            while True:
-                if not self._drain_inbox(block=sched.is_idle):
-                    break
-                self._deliver(sched.run_step())
+            while self._drain_inbox(block=sched.is_idle):
+                if not sched.is_idle:
+                    sched.run_step()
                 if sched.is_idle:
                     sched.check_integrity()
         except BaseException as exc:  # the loop must never die silently
             log.exception("scheduler_failed")
             self._failure = exc
-        self._fail_waiters(self._failure or EngineStoppedError("engine shut down"))
+            self._fail_waiters(exc)
 
     def _drain_inbox(self, block: bool) -> bool:
-        """Apply queued commands; False once a stop was received."""
+        """Apply queued commands; False once a stop was received or the engine failed."""
         try:
             item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
         except queue.Empty:
-            return True
+            return self._failure is None
         while True:
             if isinstance(item, _Stop):
                 return False
-            if isinstance(item, _Submit):
-                self.runtime.scheduler.add_request(item.req)
+            if isinstance(item, Req):
+                self.scheduler.add_request(item)
             else:
-                item.reply.put(self._abort_now(item.rid))
+                reply = item.reply
+                self.scheduler.abort(item.rid, item.source, lambda a, e: reply.put((a, e)))
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
-                return True
+                return self._failure is None
 
-    def _abort_now(self, rid: str) -> dict[str, Any]:
-        waiter = self._waiters.get(rid)
-        if waiter is None:
-            return {"rid": rid, "status": "unknown", "completion_tokens": 0}
-        req = waiter.req
-        if req.finish is not None:
-            return {"rid": rid, "status": "already_finished", "completion_tokens": len(req.output_ids)}
-        self.runtime.scheduler.abort_request(req, FinishReason(FinishKind.ABORT, message="aborted by request"))
-        self._deliver([RequestDelta(rid=rid, finish=req.finish, completion_tokens=len(req.output_ids))])
-        return {"rid": rid, "status": "aborted", "completion_tokens": len(req.output_ids)}
-
-    def _deliver(self, deltas: list[RequestDelta]) -> None:
+    def _on_durable(self, deltas: list[RequestDelta], error: BaseException | None) -> None:
+        """Runs on the log writer's thread: the only place results are released (I5)."""
+        if error is not None:
+            self._failure = error
+            self._fail_waiters(error)
+            return
         for delta in deltas:
             if delta.finish is None:
                 continue

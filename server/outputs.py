@@ -1,9 +1,10 @@
-"""What the scheduler hands back after each step: one delta per request it advanced."""
+"""What the scheduler hands to the output side once a step's log group is durable:
+one delta per request whose state a committed (or discarded-and-finished) txn changed."""
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
-
-from server.request import FinishReason
+from typing import Any
 
 
 @dataclass(slots=True)
@@ -12,8 +13,31 @@ class RequestDelta:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    input_logprobs: list[float | None] = field(default_factory=list)
+    input_logprobs: list[float] = field(default_factory=list)
     hidden_states: list[list[float]] = field(default_factory=list)
-    finish: FinishReason | None = None
-    prompt_tokens: int = 0
+    finish: dict[str, Any] | None = None  # SGLang's finish_reason object, once finished
+    completion_tokens: int = 0  # committed output length after this delta
+
+
+class AbortStatus(str, enum.Enum):
+    ABORTED = "aborted"
+    ALREADY_FINISHED = "already_finished"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class AbortAnswer:
+    """The scheduler's final word on an abort: nothing beyond `completion_tokens` is ever delivered."""
+
+    rid: str
+    status: AbortStatus
     completion_tokens: int = 0
+    lsn: int | None = None  # the ABORT_REQUESTED record, durable when this answer is sent
+    finish: dict[str, Any] | None = None  # for already_finished: how it finished
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rid": self.rid, "status": self.status.value, "completion_tokens": self.completion_tokens,
+                               "lsn": self.lsn}
+        if self.finish is not None:
+            out["finish_reason"] = self.finish
+        return out

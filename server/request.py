@@ -1,37 +1,14 @@
-"""A request's scheduling state: its tokens, KV bookkeeping, outputs and finish."""
+"""A request as the scheduler sees it: its committed state (owned by the commit log) plus
+the scheduling bookkeeping that runs ahead of it while results are pending."""
 from __future__ import annotations
 
-import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
+from commitlog import FinishReason, RequestState
 from server.sampling.params import SamplingParams
-
-
-class FinishKind(enum.Enum):
-    STOP = "stop"
-    LENGTH = "length"
-    ABORT = "abort"
-
-
-@dataclass(frozen=True, slots=True)
-class FinishReason:
-    kind: FinishKind
-    matched: int | str | None = None
-    message: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.kind.value}
-        if self.kind is FinishKind.STOP:
-            out["matched"] = self.matched
-        elif self.kind is FinishKind.LENGTH:
-            out["length"] = self.matched
-        if self.message:
-            out["message"] = self.message
-        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,55 +19,76 @@ class LogprobRequest:
     return_hidden_states: bool = False
 
 
+def finish_reason_dict(state: RequestState) -> dict[str, object] | None:
+    """SGLang's `finish_reason` object for a finished request."""
+    reason = state.finish_reason
+    if reason is None:
+        return None
+    out: dict[str, object] = {"type": reason.value}
+    if reason is FinishReason.STOP:
+        out["matched"] = state.finish_matched
+    elif reason is FinishReason.LENGTH:
+        out["length"] = state.finish_matched
+    elif reason is FinishReason.ABORT:
+        out["message"] = state.doom_reason or "aborted"
+    return out
+
+
 @dataclass(eq=False, slots=True)
 class Req:
     rid: str
     prompt_ids: list[int]
     params: SamplingParams
     logprob: LogprobRequest
+    seed: int
     generator: torch.Generator
     arrival_time: float = field(default_factory=time.monotonic)
-    output_ids: list[int] = field(default_factory=list)
-    output_logprobs: list[float] = field(default_factory=list)
-    output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    input_logprobs: list[float | None] = field(default_factory=list)
-    hidden_states: list[list[float]] = field(default_factory=list)
-    # KV bookkeeping: slots written into the row vs. tokens whose KV is committed.
+    # The committed state; set when the scheduler logs BEGIN. Only transactions mutate it.
+    state: RequestState = field(init=False)
+    # KV bookkeeping: slots written into the request's row (ahead of the committed watermark).
     pool_row: int | None = None
     kv_allocated_len: int = 0
-    kv_committed_len: int = 0
-    prefilled_len: int = 0  # prompt tokens whose extend result was processed
     reserved_tokens: int = 0
     # Scheduling side, ahead of the committed state while results are pending (overlap).
     scheduled_prefill_len: int = 0  # prompt tokens put into launched batches
     inflight_tokens: int = 0  # tokens sampled by launched forwards whose results are pending
     inflight_batches: int = 0
     future_slot: int = -1  # where the latest in-flight token is published
-    finish: FinishReason | None = None
-    first_token_time: float | None = None
     finish_time: float | None = None
+    abort_lsn: int | None = None
 
     @property
     def prompt_len(self) -> int:
         return len(self.prompt_ids)
 
     @property
-    def total_len(self) -> int:
-        return self.prompt_len + len(self.output_ids)
+    def output_ids(self) -> list[int]:
+        return self.state.output_ids
 
     @property
-    def is_prefill_done(self) -> bool:
-        return self.prefilled_len >= self.prompt_len
+    def is_finished(self) -> bool:
+        return self.state.is_finished
+
+    @property
+    def is_doomed(self) -> bool:
+        return self.state.is_doomed
 
     @property
     def scheduled_tokens(self) -> int:
         """Output tokens committed or already being produced by a launched forward."""
-        return len(self.output_ids) + self.inflight_tokens
-
-    @property
-    def is_finished(self) -> bool:
-        return self.finish is not None
+        return len(self.state.output_ids) + self.inflight_tokens
 
     @property
     def wants_input_logprobs(self) -> bool:
         return self.logprob.return_logprob and self.logprob.logprob_start_len >= 0
+
+    def begin_params(self) -> dict[str, object]:
+        """What BEGIN records: every parameter that shapes the output, the effective seed included."""
+        p = self.params
+        return {
+            "max_new_tokens": p.max_new_tokens, "temperature": p.temperature, "top_p": p.top_p,
+            "top_k": p.top_k, "min_p": p.min_p, "stop": list(p.stop), "stop_token_ids": list(p.stop_token_ids),
+            "ignore_eos": p.ignore_eos, "seed": self.seed, "return_logprob": self.logprob.return_logprob,
+            "top_logprobs_num": self.logprob.top_logprobs_num, "logprob_start_len": self.logprob.logprob_start_len,
+            "return_hidden_states": self.logprob.return_hidden_states,
+        }

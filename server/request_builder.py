@@ -102,7 +102,7 @@ class RequestBuilder:
             raise InvalidRequestError("logprob_start_len must be below the prompt length", "logprob_start_len")
         seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
         return Req(
-            rid=rid or uuid.uuid4().hex, prompt_ids=prompt, params=params, logprob=logprob,
+            rid=rid or uuid.uuid4().hex, prompt_ids=prompt, params=params, logprob=logprob, seed=seed,
             generator=torch.Generator().manual_seed(seed),
         )
 

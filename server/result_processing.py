@@ -1,99 +1,108 @@
 """Applying a forward's packed result to its requests — one function per forward mode.
 
-Both walk the batch in packed order with explicit cursors into the result's packed
-fields. Every segment advances the cursors, applied or skipped, so each request reads its
-own slice (I3). This is the commit boundary: every per-request mutation a result causes
-happens here and nowhere else.
+This is the commit boundary. For each request, in packed order: claim its segment of
+every packed field (the cursors advance whether or not anything is applied, I3), open a
+transaction, stage every mutation — input logprobs, KV watermark, token, logprobs,
+hidden state, finish — then commit. A doomed (aborted) request's commit rolls back:
+nothing is applied, a DISCARD and a FINISH(abort) are logged (I1, I2).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from commitlog import BatchCursors, FinishReason, Outcome, RequestTxn, Step
+from server.finish import Detokenize, check_finish
 from server.forward_batch import BatchResult, ForwardBatch
 from server.outputs import RequestDelta
-from server.request import Req
+from server.request import Req, finish_reason_dict
 
 
-@dataclass(slots=True)
-class PackedCursors:
-    """Where the next request's slice of each packed field begins."""
-
-    sample: int = 0
-    input_logprob: int = 0
-    hidden: int = 0
-
-    def take(self, req: Req, samples: bool, num_input_logprobs: int) -> tuple[int | None, slice, int | None]:
-        """Claims one request's segment: (sample index, input-logprob slice, hidden row)."""
-        lp = slice(self.input_logprob, self.input_logprob + num_input_logprobs)
-        self.input_logprob += num_input_logprobs
-        sample = hidden = None
-        if samples:
-            sample, self.sample = self.sample, self.sample + 1
-            if req.logprob.return_hidden_states:
-                hidden, self.hidden = self.hidden, self.hidden + 1
-        return sample, lp, hidden
+@dataclass(frozen=True, slots=True)
+class FinishRules:
+    eos_ids: frozenset[int]
+    context_len: int
+    detokenize: Detokenize
 
 
-def process_extend_result(batch: ForwardBatch, result: BatchResult, out: list[RequestDelta]) -> list[Req]:
-    """Returns the requests that sampled a token this step (they get the finish check)."""
-    cur = PackedCursors()
-    sampled: list[Req] = []
+def process_extend_result(
+    batch: ForwardBatch, result: BatchResult, step: Step, rules: FinishRules, out: list[RequestDelta]
+) -> list[Req]:
+    """Returns the requests this result finished (a committed finish or an abort)."""
+    cursors = BatchCursors.start()
+    finished: list[Req] = []
     for i, req in enumerate(batch.reqs):
-        targets = batch.input_logprob_targets[i]
-        sample, lp, hidden = cur.take(req, batch.samples[i], len(targets))
+        samples = batch.samples[i]
+        lp, hs, ilp = cursors.take(int(samples), int(samples and req.logprob.return_hidden_states),
+                                   len(batch.input_logprob_targets[i]))
         if req.is_finished:
-            continue  # finished while this result was pending: its segment is skipped
-        delta = RequestDelta(rid=req.rid)
-        if targets:
-            delta.input_logprobs = _with_first_position(batch.prefix_lens[i], req, result.input_logprobs[lp])
-            req.input_logprobs.extend(delta.input_logprobs)
-        req.prefilled_len += batch.extend_lens[i]
-        req.kv_committed_len += batch.extend_lens[i]
-        if sample is not None:
-            _append_sampled(req, result, sample, hidden, delta)
-            sampled.append(req)
-        out.append(delta)
-    return sampled
+            continue  # finished while this result was pending: its segment is skipped, unlogged
+        txn = step.open(req.rid)
+        delta = RequestDelta(rid=req.rid, input_logprobs=result.input_logprobs[ilp])
+        if delta.input_logprobs:
+            txn.add_input_logprobs(delta.input_logprobs)
+        txn.advance_watermark(req.state.kv_committed_len + batch.extend_lens[i])
+        if samples:  # the final chunk; a middle chunk commits only its progress
+            _stage_sampled(txn, req, result, lp.start, hs.start if hs.stop > hs.start else None, rules, delta)
+        if _commit(txn, req, delta, out):
+            finished.append(req)
+    return finished
 
 
-def process_decode_result(batch: ForwardBatch, result: BatchResult, out: list[RequestDelta]) -> list[Req]:
-    cur = PackedCursors()
-    sampled: list[Req] = []
+def process_decode_result(
+    batch: ForwardBatch, result: BatchResult, step: Step, rules: FinishRules, out: list[RequestDelta]
+) -> list[Req]:
+    cursors = BatchCursors.start()
+    finished: list[Req] = []
     for req in batch.reqs:
-        sample, _, hidden = cur.take(req, True, 0)
+        lp, hs, _ = cursors.take(1, int(req.logprob.return_hidden_states))
         if req.is_finished:
             continue
-        assert sample is not None
+        txn = step.open(req.rid)
         delta = RequestDelta(rid=req.rid)
-        req.kv_committed_len += 1
-        _append_sampled(req, result, sample, hidden, delta)
-        sampled.append(req)
-        out.append(delta)
-    return sampled
+        txn.advance_watermark(req.state.kv_committed_len + 1)
+        _stage_sampled(txn, req, result, lp.start, hs.start if hs.stop > hs.start else None, rules, delta)
+        if _commit(txn, req, delta, out):
+            finished.append(req)
+    return finished
 
 
-def _append_sampled(req: Req, result: BatchResult, i: int, hidden: int | None, delta: RequestDelta) -> None:
+def _stage_sampled(
+    txn: RequestTxn, req: Req, result: BatchResult, i: int, hidden: int | None, rules: FinishRules,
+    delta: RequestDelta,
+) -> None:
     if hidden is not None:
-        delta.hidden_states = [result.hidden_states[hidden].tolist()]
-        req.hidden_states.extend(delta.hidden_states)
+        row = result.hidden_states[hidden]
+        txn.add_hidden_state(row.numpy().astype(np.float32).tobytes())
+        delta.hidden_states.append(row.tolist())
     if req.params.max_new_tokens == 0:
-        return  # prompt-only request: the prefill ran for its input logprobs, no token is kept
+        # Prompt-only request: the prefill ran for its input logprobs; no token is kept.
+        txn.set_finish(FinishReason.LENGTH, 0)
+        return
     token = result.next_token_ids[i]
-    req.output_ids.append(token)
-    delta.token_ids.append(token)
+    logprob = top = None
     if req.logprob.return_logprob:
         logprob = result.next_token_logprobs[i]
-        req.output_logprobs.append(logprob)
-        delta.logprobs.append(logprob)
         k = req.logprob.top_logprobs_num
-        if k:
-            top = list(zip(result.top_ids[i][:k], result.top_logprobs[i][:k]))
-            req.output_top_logprobs.append(top)
-            delta.top_logprobs.append(top)
+        top = list(zip(result.top_ids[i][:k], result.top_logprobs[i][:k])) if k else None
+    txn.append_token(token, logprob, top)
+    delta.token_ids.append(token)
+    if logprob is not None:
+        delta.logprobs.append(logprob)
+    if top is not None:
+        delta.top_logprobs.append(top)
+    finish = check_finish([*req.output_ids, token], req.prompt_len, req.params, rules.eos_ids,
+                          rules.context_len, rules.detokenize)
+    if finish is not None:
+        txn.set_finish(*finish)
 
 
-def _with_first_position(prefix_len: int, req: Req, values: list[float]) -> list[float | None]:
-    # Position 0 has no preceding context; like SGLang it is reported as None.
-    if prefix_len == 0 and req.logprob.logprob_start_len == 0:
-        return [None, *values]
-    return list(values)
+def _commit(txn: RequestTxn, req: Req, delta: RequestDelta, out: list[RequestDelta]) -> bool:
+    """Commits (or, if doomed, rolls back) and queues the delta; True if the request finished."""
+    if txn.commit() is Outcome.DISCARDED:
+        delta = RequestDelta(rid=req.rid)  # nothing of the staged result reaches the client
+    delta.completion_tokens = len(req.state.output_ids)
+    delta.finish = finish_reason_dict(req.state)
+    out.append(delta)
+    return req.state.is_finished

@@ -1,12 +1,14 @@
 """Builds the scheduler and everything under it (model, pools, tokenizer) from ServerArgs."""
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from commitlog import Durability, Ledger, WalConfig
 from server.config import ServerArgs
 from server.memory import ReqToTokenPool, TokenToKVPool
 from server.model_runner import ModelRunner
@@ -14,7 +16,9 @@ from server.models.config import ModelConfig
 from server.models.demo import ensure_demo_model
 from server.models.loader import load_model, parse_dtype
 from server.request_builder import Limits
-from server.scheduler import SchedulePolicy, Scheduler
+from server.result_processing import FinishRules
+from server.schedule_policy import SchedulePolicy
+from server.scheduler import DeltaSink, Scheduler
 from server.tokenizer import Tokenizer
 
 # Share of physical memory the KV pool may take when --max-total-tokens is not given.
@@ -30,13 +34,22 @@ class Runtime:
     tokenizer: Tokenizer
     scheduler: Scheduler
     limits: Limits
+    log_dir: Path
 
 
 def resolve_model_dir(args: ServerArgs) -> Path:
     return Path(args.model_path) if args.model_path else ensure_demo_model()
 
 
-def build_runtime(args: ServerArgs) -> Runtime:
+def model_fingerprint(model_dir: Path) -> str:
+    """Identifies the checkpoint in the log's meta table: its config and weight files' sizes."""
+    digest = hashlib.sha256((model_dir / "config.json").read_bytes())
+    for f in sorted(model_dir.glob("*.safetensors")):
+        digest.update(f"{f.name}:{f.stat().st_size}".encode())
+    return f"{model_dir.name}:{digest.hexdigest()[:16]}"
+
+
+def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink) -> Runtime:
     model_dir = resolve_model_dir(args)
     model = load_model(model_dir, parse_dtype(args.dtype))
     cfg = model.config
@@ -50,9 +63,11 @@ def build_runtime(args: ServerArgs) -> Runtime:
     policy = SchedulePolicy(args.max_running_requests, args.chunked_prefill_size, args.max_prefill_tokens,
                             context_len, overlap=not args.disable_overlap_schedule)
     runner = ModelRunner(model, kv_pool, policy.future_slots)
-    scheduler = Scheduler(policy, runner, req_pool, kv_pool, frozenset(eos), tokenizer.decode)
+    ledger = Ledger.open(log_dir, WalConfig(durability=Durability(args.log_durability)), model_fingerprint(model_dir))
+    rules = FinishRules(frozenset(eos), context_len, tokenizer.decode)
+    scheduler = Scheduler(policy, runner, req_pool, kv_pool, ledger, rules, sink)
     limits = Limits(vocab_size=cfg.vocab_size, context_len=context_len, kv_capacity=kv_pool.capacity)
-    return Runtime(args, model_dir, cfg, tokenizer, scheduler, limits)
+    return Runtime(args, model_dir, cfg, tokenizer, scheduler, limits, log_dir)
 
 
 def _make_kv_pool(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, context_len: int) -> TokenToKVPool:

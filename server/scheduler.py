@@ -1,71 +1,48 @@
-"""The scheduler: waiting queue, running batch, prefill-first policy, chunked prefill, and
-the overlap loop.
+"""The scheduler: waiting queue, running batch, prefill-first policy, chunked prefill, the
+overlap loop, and aborts.
 
 Overlap (the default): `run_step` launches step N+1's forward *before* processing step N's
-result. Tests drive the same pieces one at a time (`launch_next`, `process_oldest`) to stop
-inside that window. KV for a request is *reserved* in full (prompt + max_new_tokens) at
-admission, so decode never runs out of slots; a request that does not fit waits.
+result. Tests drive the same pieces one at a time (`launch_next`, `process_oldest`,
+`flush`) to stop inside that window. Every result goes through `result_processing`, the
+commit boundary; every step's records are one group, and its deltas reach the output
+side only from the group's durable callback (write-ahead, I5).
 """
 from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
+from commitlog import DoomSource, FinishReason, Ledger
 from server.batch_builder import BatchBuilder
-from server.finish import Detokenize, check_finish
 from server.forward_batch import ForwardBatch, ForwardMode
 from server.memory import ReqToTokenPool, TokenToKVPool
 from server.model_runner import ForwardHandle, ModelRunner
-from server.outputs import RequestDelta
-from server.request import FinishReason, Req
-from server.result_processing import process_decode_result, process_extend_result
+from server.outputs import AbortAnswer, AbortStatus, RequestDelta
+from server.request import Req, finish_reason_dict
+from server.result_processing import FinishRules, process_decode_result, process_extend_result
+from server.schedule_policy import SchedulePolicy, StepStats
 
-
-@dataclass(slots=True)
-class StepStats:
-    """Cumulative step counts, tokens and seconds per forward mode (benchmarks, metrics)."""
-
-    steps: dict[ForwardMode, int] = field(default_factory=lambda: dict.fromkeys(ForwardMode, 0))
-    tokens: dict[ForwardMode, int] = field(default_factory=lambda: dict.fromkeys(ForwardMode, 0))
-    seconds: dict[ForwardMode, float] = field(default_factory=lambda: dict.fromkeys(ForwardMode, 0.0))
-
-    def record(self, mode: ForwardMode, tokens: int, seconds: float) -> None:
-        self.steps[mode] += 1
-        self.tokens[mode] += tokens
-        self.seconds[mode] += seconds
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulePolicy:
-    max_running_requests: int
-    chunked_prefill_size: int  # <= 0: no chunking
-    max_prefill_tokens: int
-    context_len: int
-    overlap: bool = True
-
-    @property
-    def prefill_budget(self) -> int:
-        return self.chunked_prefill_size if self.chunked_prefill_size > 0 else self.max_prefill_tokens
-
-    @property
-    def future_slots(self) -> int:
-        # At most two batches' tokens are unresolved at once (launched N+1, pending N).
-        return 4 * self.max_running_requests + 16
+# Both are called on the log writer's thread once a group is durable, or with the error
+# that stopped it from becoming durable (then nothing in it may be shown).
+DeltaSink = Callable[[list[RequestDelta], "BaseException | None"], None]
+AbortReply = Callable[[AbortAnswer, "BaseException | None"], None]
 
 
 class Scheduler:
     def __init__(
         self, policy: SchedulePolicy, runner: ModelRunner, req_pool: ReqToTokenPool, kv_pool: TokenToKVPool,
-        eos_ids: frozenset[int], detokenize: Detokenize,
+        ledger: Ledger, rules: FinishRules, sink: DeltaSink,
     ) -> None:
         self.policy = policy
         self.runner = runner
         self.req_pool = req_pool
         self.kv_pool = kv_pool
-        self.eos_ids = eos_ids
-        self.detokenize = detokenize
+        self.ledger = ledger
+        self.rules = rules
+        self.sink = sink  # receives each durable group's deltas (on the log writer's thread)
         self.builder = BatchBuilder(req_pool, kv_pool, policy.future_slots)
+        self.reqs: dict[str, Req] = {}  # every live request: waiting, prefilling or decoding
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []  # prefill fully launched: candidates for decode
         self.chunked_req: Req | None = None  # mid-way through a chunked prefill
@@ -74,31 +51,25 @@ class Scheduler:
         self.reserved_tokens = 0
         self.stats = StepStats()
 
-    # -- queue ----------------------------------------------------------------------
+    # -- arrivals -------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
+        """Logs BEGIN; the caller has checked that the rid is not live."""
+        req.state = self.ledger.begin(req.rid, req.prompt_ids, req.begin_params())
+        self.reqs[req.rid] = req
         self.waiting.append(req)
 
     @property
     def is_idle(self) -> bool:
-        return not (self.waiting or self.running or self.chunked_req or self.inflight)
-
-    def live_requests(self) -> list[Req]:
-        live = {id(r): r for r in self.running}
-        if self.chunked_req is not None:
-            live[id(self.chunked_req)] = self.chunked_req
-        for handle in self.inflight:
-            live.update((id(r), r) for r in handle.batch.reqs if not r.is_finished)
-        return list(live.values())
+        return not (self.reqs or self.inflight)
 
     # -- the loop -------------------------------------------------------------------
-    def run_step(self) -> list[RequestDelta]:
-        """One iteration: launch the next forward, then process results it may overtake."""
+    def run_step(self) -> None:
+        """One iteration: launch the next forward, process the result it overtook, flush."""
         launched = self.launch_next()
         keep = 1 if (self.policy.overlap and launched) else 0
         while len(self.inflight) > keep:
             self.process_oldest()
-        out, self.outbox = self.outbox, []
-        return out
+        self.flush()
 
     def launch_next(self) -> ForwardHandle | None:
         batch = self.next_batch()
@@ -119,12 +90,16 @@ class Scheduler:
         for req, sampled in zip(batch.reqs, batch.samples):
             req.inflight_batches -= 1
             req.inflight_tokens -= sampled
-        if batch.mode is ForwardMode.EXTEND:
-            sampled_reqs = process_extend_result(batch, result, self.outbox)
-        else:
-            sampled_reqs = process_decode_result(batch, result, self.outbox)
-        self._finish_checks(sampled_reqs)
+        process = process_extend_result if batch.mode is ForwardMode.EXTEND else process_decode_result
+        for req in process(batch, result, self.ledger.step(), self.rules, self.outbox):
+            self._on_finished(req)
 
+    def flush(self) -> int | None:
+        """Write the step's records as one group; its deltas go out once it is durable."""
+        deltas, self.outbox = self.outbox, []
+        return self.ledger.flush(lambda _lsn, error: self.sink(deltas, error))
+
+    # -- batch selection: the admission guard lives here ----------------------------
     def next_batch(self) -> ForwardBatch | None:
         extend = self._admit_for_extend()
         if extend:
@@ -138,15 +113,16 @@ class Scheduler:
         return self.builder.decode(decodable) if decodable else None
 
     def _can_decode(self, req: Req) -> bool:
-        # Never schedule a token the finish check would refuse: length limits are known ahead.
+        # I2: a doomed request never enters a new batch (no optimistic step, no KV slot).
+        # Length limits are known ahead, so no token the finish check would refuse is scheduled.
         n = req.scheduled_tokens
-        return not req.is_finished and n < req.params.max_new_tokens and req.prompt_len + n < self.policy.context_len
+        return (not req.is_doomed and not req.is_finished and n < req.params.max_new_tokens
+                and req.prompt_len + n < self.policy.context_len)
 
-    # -- admission ------------------------------------------------------------------
     def _admit_for_extend(self) -> list[tuple[Req, int]]:
         budget = self.policy.prefill_budget
         chosen: list[tuple[Req, int]] = []
-        if self.chunked_req is not None:
+        if self.chunked_req is not None and not self.chunked_req.is_doomed:
             req, self.chunked_req = self.chunked_req, None
             chosen.append((req, min(req.prompt_len - req.scheduled_prefill_len, budget)))
             budget -= chosen[-1][1]
@@ -172,33 +148,50 @@ class Scheduler:
         self.reserved_tokens += need
         return True
 
+    # -- aborts ---------------------------------------------------------------------
+    def abort(self, rid: str, source: DoomSource, reply: AbortReply, reason: str = "aborted by request") -> None:
+        """Dooms `rid`. Waiting or idle: finished now. Result pending: that result is discarded."""
+        req = self.reqs.get(rid)
+        if req is None or req.is_doomed:
+            answer = self._answer_for_unlive(rid) if req is None else AbortAnswer(rid, AbortStatus.ABORTED, len(req.output_ids), req.abort_lsn)
+            reply(answer, None)
+            return
+        self.ledger.doom(rid, reason, source)
+        req.abort_lsn = self.ledger.staged_lsn()
+        if req.inflight_batches == 0:
+            # Waiting, or admitted with no result pending: nothing can arrive for it, finish now.
+            if req in self.waiting:
+                self.waiting.remove(req)
+            self.ledger.finish(rid, FinishReason.ABORT)
+            self.outbox.append(RequestDelta(rid, finish=finish_reason_dict(req.state),
+                                            completion_tokens=len(req.output_ids)))
+            self._on_finished(req)
+        answer = AbortAnswer(rid, AbortStatus.ABORTED, len(req.output_ids), req.abort_lsn)
+        deltas, self.outbox = self.outbox, []
+
+        def on_durable(_lsn: int, error: BaseException | None) -> None:
+            self.sink(deltas, error)
+            reply(answer, error)
+
+        if self.ledger.flush(on_durable) is None:
+            reply(answer, None)
+
+    def _answer_for_unlive(self, rid: str) -> AbortAnswer:
+        try:
+            state = self.ledger.read(lambda reader: reader.rebuild(rid))
+        except Exception:  # no record of it in the log: never begun here
+            return AbortAnswer(rid, AbortStatus.UNKNOWN)
+        return AbortAnswer(rid, AbortStatus.ALREADY_FINISHED, len(state.output_ids), finish=finish_reason_dict(state))
+
     # -- finishing ------------------------------------------------------------------
-    def _finish_checks(self, reqs: list[Req]) -> None:
-        by_rid = {d.rid: d for d in self.outbox}
-        for req in reqs:
-            finish = check_finish(req, self.eos_ids, self.policy.context_len, self.detokenize)
-            if finish is not None:
-                self.finish_request(req, finish)
-                by_rid[req.rid].finish = finish
-                by_rid[req.rid].completion_tokens = len(req.output_ids)
-
-    def abort_request(self, req: Req, finish: FinishReason) -> None:
-        if req in self.waiting:
-            self.waiting.remove(req)
-        self.finish_request(req, finish)
-
-    def finish_request(self, req: Req, finish: FinishReason) -> None:
-        """Every finish, for any reason, releases the row and every KV slot exactly once."""
-        assert req.finish is None, f"{req.rid} finished twice"
-        req.finish = finish
+    def _on_finished(self, req: Req) -> None:
+        """Every finish, for any reason, releases the row and every KV slot exactly once (I4)."""
         req.finish_time = time.monotonic()
+        del self.reqs[req.rid]
         if req in self.running:
             self.running.remove(req)
         if self.chunked_req is req:
             self.chunked_req = None
-        self._release(req)
-
-    def _release(self, req: Req) -> None:
         # Slots a still-pending forward writes into are safe to free: forwards run in launch
         # order, so any later allocation of them is written after that forward.
         if req.pool_row is not None:
@@ -211,8 +204,9 @@ class Scheduler:
     # -- accounting -----------------------------------------------------------------
     def check_integrity(self) -> None:
         """Pool accounting must equal what live requests hold; run when idle and in tests."""
-        live = self.live_requests()
+        live = list(self.reqs.values())
         held = sum(r.kv_allocated_len for r in live)
         assert self.kv_pool.num_used == held, f"KV used {self.kv_pool.num_used} != held by live requests {held}"
-        assert self.req_pool.num_rows - self.req_pool.num_free == len(live), "request rows leaked"
+        rows = sum(r.pool_row is not None for r in live)
+        assert self.req_pool.num_rows - self.req_pool.num_free == rows, "request rows leaked"
         assert self.reserved_tokens == sum(r.reserved_tokens for r in live), "KV reservation leaked"

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from commitlog import FinishReason
 from server.finish import check_finish
-from server.request import FinishKind, LogprobRequest, Req
 from server.sampling.params import SamplingParams
 
 GREEDY = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
@@ -66,16 +66,16 @@ def test_max_new_tokens_zero_returns_no_tokens_but_input_logprobs(tiny_checkpoin
     assert len(out["meta_info"]["input_token_logprobs"]) == 12
 
 
-def _req(output: list[int], **params: object) -> Req:
-    return Req("r", [1, 2, 3], SamplingParams(**params), LogprobRequest(), torch.Generator(), output_ids=output)
+def _check(output: list[int], context_len: int = 100, **params: object):
+    found = check_finish(output, 3, SamplingParams(**params), frozenset({7}), context_len, str)
+    return None if found is None else found[0]
 
 
 def test_finish_check_eos_ignore_eos_and_length_precedence():
-    eos = frozenset({7})
-    assert check_finish(_req([5, 7]), eos, 100, str).kind is FinishKind.STOP
-    assert check_finish(_req([5, 7], ignore_eos=True), eos, 100, str) is None
-    assert check_finish(_req([5, 7], max_new_tokens=2), eos, 100, str).kind is FinishKind.LENGTH
-    assert check_finish(_req([5, 6]), eos, 5, str).kind is FinishKind.LENGTH
+    assert _check([5, 7]) is FinishReason.STOP
+    assert _check([5, 7], ignore_eos=True) is None
+    assert _check([5, 7], max_new_tokens=2) is FinishReason.LENGTH
+    assert _check([5, 6], context_len=5) is FinishReason.LENGTH
 
 
 def test_bfloat16_model_generates_and_releases_kv(tiny_checkpoint, make_engine):
@@ -89,5 +89,7 @@ def test_abort_answers_unknown_and_already_finished(tiny_checkpoint, make_engine
     assert engine.abort("nope")["status"] == "unknown"
     out = engine.generate(input_ids=_prompt(5), sampling_params={"max_new_tokens": 2}, rid="done-1")
     assert out["meta_info"]["id"] == "done-1"
-    # A finished request is no longer live; its rid is free again.
-    assert engine.abort("done-1")["status"] == "unknown"
+    # A finished request is answered from the log, with how it finished.
+    answer = engine.abort("done-1")
+    assert answer["status"] == "already_finished" and answer["completion_tokens"] == 2
+    assert answer["finish_reason"]["type"] == "length"
