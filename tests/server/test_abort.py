@@ -1,0 +1,172 @@
+"""The commit protocol under aborts (DESIGN I1–I4), stopped inside the overlap window."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from commitlog import FinishReason, Kind
+from server.outputs import AbortStatus
+from scripted import ScriptedRuntime
+
+CHUNK = 16
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.fixture
+def rt(tiny_checkpoint, tmp_path):
+    runtime = ScriptedRuntime(tiny_checkpoint("llama"), tmp_path / "log", chunked_prefill_size=CHUNK)
+    yield runtime
+    runtime.drain()
+    sched = runtime.sched
+    sched.check_integrity()
+    assert sched.kv_pool.num_free == sched.kv_pool.capacity, "KV not back at baseline after drain"
+    runtime.close()
+
+
+def _to_final_extend_pending(rt: ScriptedRuntime, rid: str, prompt_len: int = 40):
+    """Drives a chunked prefill until its final EXTEND is launched and its result pending."""
+    req = rt.submit(_prompt(prompt_len, 1), rid, max_new_tokens=8)
+    while req.scheduled_prefill_len < req.prompt_len:
+        rt.sched.launch_next()  # the next chunk, overtaking the previous result (as run_step does)
+        while len(rt.sched.inflight) > 1:
+            rt.sched.process_oldest()
+        rt.sched.flush()
+    # The window of SGLang #34112 / #34149, exactly:
+    assert rt.sched.chunked_req is None
+    assert [h.batch.samples for h in rt.sched.inflight] == [[True]]  # only the final chunk, no middle ones
+    assert req.output_ids == [] and req.inflight_batches == 1
+    return req
+
+
+def test_i2_abort_with_pending_final_extend_commits_nothing(rt):
+    decoding = rt.submit(_prompt(5, 2), "other", max_new_tokens=30)
+    rt.step()
+    req = _to_final_extend_pending(rt, "victim")
+    watermark, allocated, used = req.state.kv_committed_len, req.kv_allocated_len, rt.sched.kv_pool.num_used
+    launches = len(rt.launched)
+
+    answer = rt.abort("victim")
+    assert answer.status is AbortStatus.ABORTED and answer.completion_tokens == 0 and answer.lsn
+
+    rt.sched.launch_next()  # the next schedule: a decode batch for the other request only
+    assert rt.launched[launches:] and rt.batches_with(req, after=launches) == []
+    assert decoding in rt.launched[-1].reqs
+    assert req.kv_allocated_len in (allocated, 0) and req.state.kv_committed_len == watermark
+    assert rt.sched.kv_pool.num_used <= used + 1  # only the other request's decode slot
+    rt.sched.process_oldest()  # the final extend's result: discarded
+    rt.sched.flush()
+    rt.wait_durable()
+
+    assert req.state.finish_reason is FinishReason.ABORT and req.output_ids == []
+    assert req.pool_row is None and req.kv_allocated_len == 0
+    kinds = rt.kinds("victim")
+    assert kinds[-3:] == [Kind.ABORT_REQUESTED, Kind.DISCARD, Kind.FINISH]
+    assert all(r.payload["ids"] == [] for r in rt.records("victim") if r.kind is Kind.COMMIT)
+    assert rt.client.tokens["victim"] == [] and rt.client.finish["victim"]["type"] == "abort"
+    assert next(r for r in rt.records("victim") if r.kind is Kind.ABORT_REQUESTED).lsn == answer.lsn
+
+
+def test_i2_abort_after_final_extend_processed_counts_the_committed_token(rt):
+    req = _to_final_extend_pending(rt, "late")
+    rt.sched.process_oldest()  # the result is processed before the abort: its token commits
+    rt.sched.flush()
+    rt.wait_durable()
+    answer = rt.abort("late")
+    assert answer.status is AbortStatus.ABORTED and answer.completion_tokens == 1
+    rt.drain()
+    assert len(req.output_ids) == 1 and req.state.finish_reason is FinishReason.ABORT
+    assert rt.client.tokens["late"] == req.output_ids
+    assert Kind.DISCARD not in rt.kinds("late")
+
+
+def test_i2_doomed_member_is_excluded_while_decode_members_keep_their_path(rt, tiny_checkpoint, tmp_path):
+    a = rt.submit(_prompt(6, 3), "a", max_new_tokens=12)
+    b = rt.submit(_prompt(9, 4), "b", max_new_tokens=12)
+    rt.step()
+    rt.step()
+    c = _to_final_extend_pending(rt, "c")
+    launches = len(rt.launched)
+    rt.abort("c")
+    rt.drain()
+    after = rt.launched[launches:]
+    assert after and all(c not in batch.reqs for batch in after)
+    assert all(a in batch.reqs and b in batch.reqs for batch in after if batch.mode.value == "decode")
+    # The survivors' tokens are exactly what they produce without the aborted neighbour.
+    ref = ScriptedRuntime(tiny_checkpoint("llama"), tmp_path / "ref", chunked_prefill_size=CHUNK)
+    ra, rb = ref.submit(_prompt(6, 3), "a", max_new_tokens=12), ref.submit(_prompt(9, 4), "b", max_new_tokens=12)
+    ref.drain()
+    ref.close()
+    assert (a.output_ids, b.output_ids) == (ra.output_ids, rb.output_ids)
+    assert len(a.output_ids) == 12 and c.output_ids == []
+
+
+def test_i3_discarded_segment_still_advances_packed_cursors(rt, tiny_checkpoint, tmp_path):
+    opts = dict(max_new_tokens=3, return_logprob=True, top_logprobs_num=3, return_hidden_states=True)
+    first = rt.submit(_prompt(5, 5), "first", **opts)
+    second = rt.submit(_prompt(8, 6), "second", **opts)
+    rt.sched.launch_next()  # both whole prompts in one extend: one packed result, both sample
+    assert [r.rid for r in rt.launched[-1].reqs] == ["first", "second"] and rt.launched[-1].samples == [True, True]
+    rt.abort("first")
+    rt.drain()
+    ref = ScriptedRuntime(tiny_checkpoint("llama"), tmp_path / "ref", chunked_prefill_size=CHUNK)
+    ref_second = ref.submit(_prompt(8, 6), "second", **opts)
+    ref.drain()
+    ref.close()
+    # The aborted one attached nothing; the second read its own slices, not the first's.
+    assert first.output_ids == [] and first.state.output_logprobs == [] and first.state.hidden_states == []
+    assert second.output_ids == ref_second.output_ids
+    assert second.state.output_logprobs == pytest.approx(ref_second.state.output_logprobs, abs=1e-5)
+    top, ref_top = second.state.output_top_logprobs[0], ref_second.state.output_top_logprobs[0]
+    assert [t for t, _ in top] == [t for t, _ in ref_top]
+    assert [lp for _, lp in top] == pytest.approx([lp for _, lp in ref_top], abs=1e-5)
+    got = torch.frombuffer(bytearray(second.state.hidden_states[0]), dtype=torch.float32)
+    want = torch.frombuffer(bytearray(ref_second.state.hidden_states[0]), dtype=torch.float32)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def test_i2_abort_of_waiting_request_removes_it_without_any_forward(rt):
+    rt.submit(_prompt(20, 7), "busy", max_new_tokens=4)
+    req = rt.submit(_prompt(10, 8), "queued", max_new_tokens=4)
+    answer = rt.abort("queued")
+    assert answer.status is AbortStatus.ABORTED and answer.completion_tokens == 0
+    rt.drain()
+    assert rt.batches_with(req) == []
+    assert rt.kinds("queued") == [Kind.BEGIN, Kind.ABORT_REQUESTED, Kind.FINISH]
+
+
+def test_i2_abort_with_pending_middle_chunk_discards_it_and_schedules_no_more_chunks(rt):
+    req = rt.submit(_prompt(60, 9), "long", max_new_tokens=4)
+    rt.sched.launch_next()  # chunk 1 of 4, result pending
+    rt.abort("long")
+    rt.drain()
+    assert len(rt.batches_with(req)) == 1
+    assert rt.kinds("long") == [Kind.BEGIN, Kind.ABORT_REQUESTED, Kind.DISCARD, Kind.FINISH]
+    assert req.state.kv_committed_len == 0
+
+
+def test_i2_abort_of_decoding_request_with_pending_result_keeps_committed_tokens_only(rt):
+    req = rt.submit(_prompt(8, 10), "dec", max_new_tokens=40)
+    for _ in range(4):
+        rt.step()
+    assert req.inflight_batches == 1
+    committed = list(req.output_ids)
+    answer = rt.abort("dec")
+    assert answer.completion_tokens == len(committed)
+    launches = len(rt.launched)
+    rt.drain()
+    assert rt.batches_with(req, after=launches) == []
+    assert req.output_ids == committed == rt.client.tokens["dec"]
+    assert rt.kinds("dec")[-3:] == [Kind.ABORT_REQUESTED, Kind.DISCARD, Kind.FINISH]
+    assert rt.rebuilt("dec").output_ids == committed
+
+
+def test_abort_answers_already_finished_and_unknown(rt):
+    rt.submit(_prompt(4, 11), "quick", max_new_tokens=2)
+    rt.drain()
+    done = rt.abort("quick")
+    assert done.status is AbortStatus.ALREADY_FINISHED and done.completion_tokens == 2
+    assert done.finish == {"type": "length", "length": 2}
+    assert rt.abort("never-seen").status is AbortStatus.UNKNOWN
