@@ -1,6 +1,9 @@
 """The commit protocol under aborts (DESIGN I1–I4), stopped inside the overlap window."""
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -170,3 +173,36 @@ def test_abort_answers_already_finished_and_unknown(rt):
     assert done.status is AbortStatus.ALREADY_FINISHED and done.completion_tokens == 2
     assert done.finish == {"type": "length", "length": 2}
     assert rt.abort("never-seen").status is AbortStatus.UNKNOWN
+
+
+def test_engine_abort_mid_generation_returns_exactly_the_acknowledged_tokens(tiny_checkpoint, make_engine):
+    engine = make_engine(tiny_checkpoint("llama"))
+    results: dict[str, dict] = {}
+    worker = threading.Thread(target=lambda: results.update(
+        out=engine.generate(input_ids=_prompt(10, 12), rid="stream-1",
+                            sampling_params={"max_new_tokens": 1000, "ignore_eos": True})))
+    worker.start()
+    while engine.scheduler.reqs.get("stream-1") is None or not engine.scheduler.reqs["stream-1"].output_ids:
+        assert worker.is_alive()
+        time.sleep(0.001)
+    answer = engine.abort("stream-1")
+    worker.join()
+    out = results["out"]
+    assert answer["status"] == "aborted"
+    assert out["meta_info"]["finish_reason"]["type"] == "abort"
+    assert out["meta_info"]["completion_tokens"] == answer["completion_tokens"] == len(out["output_ids"])
+
+
+def test_engine_abort_all_aborts_every_live_request(tiny_checkpoint, make_engine):
+    engine = make_engine(tiny_checkpoint("llama"), max_running_requests=2)
+    outs: list = []
+    worker = threading.Thread(target=lambda: outs.extend(engine.generate(
+        input_ids=[_prompt(8, s) for s in range(4)], sampling_params={"max_new_tokens": 1000, "ignore_eos": True})))
+    worker.start()
+    while not any(r.output_ids for r in list(engine.scheduler.reqs.values())):
+        time.sleep(0.001)
+    answers = engine.abort_all()
+    worker.join()
+    assert len(answers) == 4 and all(a["status"] == "aborted" for a in answers)
+    assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["abort"] * 4
+    assert sum(o["meta_info"]["completion_tokens"] == 0 for o in outs) >= 2  # two never left the queue
