@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import lmdb
 
-from commitlog.codec import GENESIS_HASH, META_CHECKPOINT, Kind, Record, chain, decode_value, key_lsn, lsn_key
+from commitlog.codec import (
+    GENESIS_HASH, META_CHECKPOINT, Kind, Record, chain, decode_value, key_lsn, lsn_key, unpack_lsns,
+)
 from commitlog.errors import CorruptRecordError, UnknownRequestError
 from commitlog.state import RequestState, replay
 from commitlog.wal import Wal
@@ -109,27 +111,35 @@ class LogReader:
         with self._begin() as txn, txn.cursor(self.wal.records) as cur:
             return key_lsn(cur.key()) if cur.last() else 0
 
-    def request_lsns(self, rid: str) -> list[int]:
-        with self._begin() as txn, txn.cursor(self.wal.index) as cur:
-            if not cur.set_key(rid.encode()):
-                return []
-            return [key_lsn(v) for v in cur.iternext_dup()]
-
     def request_records(self, rid: str) -> list[Record]:
+        """A request's records: from the index once finished, else by scanning from its BEGIN."""
+        key = rid.encode()
         with self._begin() as txn:
-            out = []
-            with txn.cursor(self.wal.index) as cur:
-                keys = list(cur.iternext_dup()) if cur.set_key(rid.encode()) else []
-            for key in keys:
-                value = txn.get(key, db=self.wal.records)
-                if value is None:
-                    raise CorruptRecordError(f"index lists it for {rid!r} but the record is missing", key_lsn(key))
-                out.append(decode_value(key, value))
-            return out
+            packed = txn.get(key, db=self.wal.index)
+            begin = None if packed is not None else txn.get(key, db=self.wal.live)
+            if packed is not None:
+                return [self._get(txn, lsn, rid) for lsn in unpack_lsns(packed)]
+        if begin is None:
+            return []
+        return [r for r in self.records(key_lsn(begin)) if r.rid == rid]
+
+    def _get(self, txn: lmdb.Transaction, lsn: int, rid: str) -> Record:
+        value = txn.get(lsn_key(lsn), db=self.wal.records)
+        if value is None:
+            raise CorruptRecordError(f"the index lists it for {rid!r} but the record is missing", lsn)
+        record = decode_value(lsn_key(lsn), value)
+        if record.rid != rid:
+            raise CorruptRecordError(f"the index lists it for {rid!r} but it belongs to {record.rid!r}", lsn)
+        return record
+
+    def request_lsns(self, rid: str) -> list[int]:
+        return [r.lsn for r in self.request_records(rid)]
 
     def request_ids(self) -> list[str]:
-        with self._begin() as txn, txn.cursor(self.wal.index) as cur:
-            return [k.decode() for k in cur.iternext_nodup(keys=True, values=False)]
+        """Every request in the log, finished (index) or running (live table)."""
+        with self._begin() as txn:
+            keys = {k for k, _ in txn.cursor(self.wal.index)} | {k for k, _ in txn.cursor(self.wal.live)}
+        return sorted(k.decode() for k in keys)
 
     def live_request_ids(self) -> list[str]:
         """Requests with a BEGIN and no FINISH, in BEGIN order."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from commitlog.codec import Encoder, Entry, Kind
 from commitlog.errors import CorruptRecordError
 from commitlog.reader import LogReader
-from commitlog.state import FinishReason, finish_entry
+from commitlog.state import FinishReason, finish_entry, replay
 from commitlog.wal import Wal
 
 TAIL_CHECK_RECORDS = 256
@@ -29,22 +29,27 @@ def recover(wal: Wal) -> tuple[Encoder, list[Entry], RecoveryReport]:
     reader = LogReader(wal)
     try:
         last_lsn, last_hash = reader.verify_tail(TAIL_CHECK_RECORDS)
-        entries, report = _close_interrupted(reader, last_lsn, cleared)
+        entries, lsns, report = _close_interrupted(reader, last_lsn, cleared)
     except CorruptRecordError as exc:
         raise CorruptRecordError(exc.detail, exc.lsn, str(wal.log_dir)) from None
-    return Encoder(last_lsn + 1, last_hash), entries, report
+    return Encoder(last_lsn + 1, last_hash, lsns), entries, report
 
 
-def _close_interrupted(reader: LogReader, last_lsn: int, cleared: int) -> tuple[list[Entry], RecoveryReport]:
+def _close_interrupted(reader: LogReader, last_lsn: int,
+                       cleared: int) -> tuple[list[Entry], dict[str, list[int]], RecoveryReport]:
     last = next(iter(reader.records(last_lsn)), None) if last_lsn else None
     was_clean = last is None or last.kind is Kind.SERVER_STOP
     interrupted = reader.live_request_ids()
     entries: list[Entry] = []
+    lsns: dict[str, list[int]] = {}
     for rid in interrupted:
-        state = reader.rebuild(rid)
+        records = reader.request_records(rid)
+        state = replay(records)
+        assert state is not None, f"live table names {rid!r} but its BEGIN is missing"
         state.finish_reason = FinishReason.INTERRUPTED
         entries.append(finish_entry(state))
+        lsns[rid] = [r.lsn for r in records]
     if not was_clean:
         entries.append(Entry(Kind.RECOVERED, None, {"interrupted": interrupted, "last_lsn": last_lsn}))
-    return entries, RecoveryReport(last_lsn, was_clean, interrupted, cleared)
+    return entries, lsns, RecoveryReport(last_lsn, was_clean, interrupted, cleared)
 

@@ -12,7 +12,10 @@ from pathlib import Path
 
 import lmdb
 
-from commitlog.codec import GENESIS_HASH, META_CHECKPOINT, EncodedGroup, Entry, Kind, decode_value, encode_value, key_lsn, lsn_key
+from commitlog.codec import (
+    GENESIS_HASH, META_CHECKPOINT, EncodedGroup, Entry, Kind, Record, decode_value, encode_value, key_lsn, lsn_key,
+    pack_lsns,
+)
 from commitlog.errors import CommitLogError, CorruptRecordError
 from commitlog.wal import Wal, WalConfig
 
@@ -43,6 +46,7 @@ def _copy(src: Wal, dst: Wal) -> SalvageReport:
     group = EncodedGroup(0, 0, [], [])
     prev, kept, last, expected = GENESIS_HASH, [], 0, 1
     live: dict[bytes, bytes] = {}
+    lsns: dict[bytes, list[int]] = {}
     with src.env.begin() as txn, txn.cursor(src.records) as cur:
         for key, value in cur:
             lsn = key_lsn(key)
@@ -58,11 +62,7 @@ def _copy(src: Wal, dst: Wal) -> SalvageReport:
             new_value, prev = encode_value(lsn, entry, record.ts_ns, prev)
             group.records.append((key, new_value))
             if record.rid is not None:
-                group.index.append((record.rid.encode(), key))
-                if record.kind is Kind.BEGIN:  # rebuild the live table as recovery needs it
-                    live[record.rid.encode()] = key
-                elif record.kind is Kind.FINISH:
-                    live.pop(record.rid.encode(), None)
+                _track(group, live, lsns, record)
     end = last + 1
     closing = Entry(Kind.CHECKPOINT, None, {"start": end, "anchor": prev, "kept": kept, "dropped_requests": 0,
                                            "salvaged_from": str(src.log_dir), "lost": report.lost_lsns})
@@ -74,3 +74,15 @@ def _copy(src: Wal, dst: Wal) -> SalvageReport:
     report.num_copied = len(kept)
     return report
 
+
+
+def _track(group: EncodedGroup, live: dict[bytes, bytes], lsns: dict[bytes, list[int]], record: Record) -> None:
+    """Rebuild the live table and the per-request index as the encoder would have."""
+    assert record.rid is not None
+    rid = record.rid.encode()
+    lsns.setdefault(rid, []).append(record.lsn)
+    if record.kind is Kind.BEGIN:
+        live[rid] = lsn_key(record.lsn)
+    elif record.kind is Kind.FINISH:
+        live.pop(rid, None)
+        group.index.append((rid, pack_lsns(lsns.pop(rid))))

@@ -13,7 +13,7 @@ from commitlog.codec import FORMAT_VERSION, META_CHECKPOINT, EncodedGroup
 from commitlog.errors import CommitLogError, CorruptRecordError, FormatVersionError, LogFullError, LogLockedError
 
 RECORDS_DB = b"records"  # LSN (8 bytes BE) -> record value
-INDEX_DB = b"by_rid"  # rid -> LSN, dupsort + dupfixed: one small sorted dup per record
+INDEX_DB = b"by_rid"  # rid -> its LSNs packed (8 bytes BE each), written once at FINISH
 LIVE_DB = b"live"  # rid -> BEGIN LSN for requests without FINISH; recovery reads only this
 META_DB = b"meta"
 META_FORMAT = b"format_version"
@@ -56,7 +56,7 @@ class Wal:
         self.readonly = readonly
         self.max_map_size = max_map_size
         self.records = env.open_db(RECORDS_DB, create=not readonly)
-        self.index = env.open_db(INDEX_DB, dupsort=True, dupfixed=True, create=not readonly)
+        self.index = env.open_db(INDEX_DB, create=not readonly)
         self.live = env.open_db(LIVE_DB, create=not readonly)
         self.meta = env.open_db(META_DB, create=not readonly)
         self._lock_fd: int | None = None
@@ -110,9 +110,9 @@ class Wal:
     def _write_once(self, group: EncodedGroup) -> None:
         with self.env.begin(write=True) as txn:
             with txn.cursor(self.records) as cur:
-                cur.putmulti(group.records, append=True, overwrite=False)
-            with txn.cursor(self.index) as cur:
-                cur.putmulti(group.index, dupdata=True)
+                cur.putmulti(group.records, append=True)  # MDB_APPEND also refuses an existing LSN
+            for rid, packed in group.index:
+                txn.put(rid, packed, db=self.index)
             for rid, lsn in group.live_puts:
                 txn.put(rid, lsn, db=self.live)
             for rid in group.live_deletes:
@@ -125,7 +125,7 @@ class Wal:
         for key, rid in deletes:
             txn.delete(key, db=self.records)
             if rid is not None:
-                txn.delete(rid, key, db=self.index)
+                txn.delete(rid, db=self.index)
 
     def _grow(self) -> None:
         current = self.env.info()["map_size"]

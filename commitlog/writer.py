@@ -8,6 +8,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ class _Item:
 
 
 _STOP = _Item()
+_NO_WAITER = 1 << 63
 
 
 class WalWriter:
@@ -44,9 +46,12 @@ class WalWriter:
         self.wal = wal
         self.durability = config.durability
         self._interval_s = config.sync_interval_ms / 1000
-        self._queue: queue.Queue[_Item] = queue.Queue(maxsize=config.max_pending_groups)
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()  # C-level: cheap hand-off
+        self._max_pending = config.max_pending_groups
+        self._pending_lsns: deque[int] = deque()  # last LSN of each submitted group not yet seen durable
         self._durable_lsn = durable_lsn
         self._cond = threading.Condition()
+        self._wanted_lsn = _NO_WAITER  # lowest LSN a wait_durable caller is blocked on
         self._error: WriterFailedError | None = None
         self._unsynced: list[tuple[int, DurableCallback | None]] = []
         self._last_sync = time.monotonic()
@@ -63,9 +68,22 @@ class WalWriter:
         return self._error
 
     def submit(self, group: EncodedGroup, on_durable: DurableCallback | None = None) -> None:
-        """Queue one group; `on_durable(last_lsn, error)` runs on the writer thread."""
+        """Queue one group; `on_durable(last_lsn, error)` runs on the writer thread.
+
+        Call from one thread (the scheduler's); blocks only when `max_pending_groups` are queued.
+        """
         self._raise_if_failed()
+        self._apply_back_pressure()
+        self._pending_lsns.append(group.last_lsn)
         self._queue.put(_Item(group=group, callback=on_durable))
+
+    def _apply_back_pressure(self) -> None:
+        """With `max_pending_groups` queued, wait until half are durable: one wake-up per half queue."""
+        pending = self._pending_lsns
+        while pending and pending[0] <= self._durable_lsn:
+            pending.popleft()
+        if len(pending) >= self._max_pending:
+            self.wait_durable(pending[len(pending) // 2])
 
     def call(self, job: Callable[[Wal], Any]) -> Future[Any]:
         """Run `job(wal)` on the writer thread, between groups (in-process reads, retention)."""
@@ -75,8 +93,15 @@ class WalWriter:
         return future
 
     def wait_durable(self, lsn: int, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            done = self._cond.wait_for(lambda: self._durable_lsn >= lsn or self._error is not None, timeout)
+            while self._durable_lsn < lsn and self._error is None:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                self._wanted_lsn = min(self._wanted_lsn, lsn)
+                self._cond.wait(remaining)
+            done = self._durable_lsn >= lsn
         self._raise_if_failed()
         return done
 
@@ -146,7 +171,9 @@ class WalWriter:
     def _publish(self, lsn: int, callbacks: list[DurableCallback | None]) -> None:
         with self._cond:
             self._durable_lsn = lsn
-            self._cond.notify_all()
+            if lsn >= self._wanted_lsn:  # wake waiters only when one of them is satisfied
+                self._wanted_lsn = _NO_WAITER
+                self._cond.notify_all()
         for callback in callbacks:
             if callback is not None:
                 self._run_callback(callback, lsn, None)
