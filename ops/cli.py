@@ -5,7 +5,7 @@ import argparse
 import sys
 from dataclasses import asdict
 
-from ops import bench_engine
+from ops import bench_engine, bench_throughput
 from ops.server_args import add_server_args, server_args_from
 from server.errors import TokenLedgerError
 
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     bench_engine.add_parser(bench_sub)
+    bench_throughput.add_parser(bench_sub)
     return parser
 
 
