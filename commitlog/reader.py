@@ -69,7 +69,7 @@ class LogReader:
     def close(self) -> None:
         self.wal.close()
 
-    def _begin(self) -> lmdb.Transaction:
+    def _begin(self) -> lmdb.Transaction[bytes]:
         try:
             return self.wal.env.begin()
         except lmdb.MapResizedError:  # the writer grew the map: adopt its size
@@ -123,7 +123,7 @@ class LogReader:
             return []
         return [r for r in self.records(key_lsn(begin)) if r.rid == rid]
 
-    def _get(self, txn: lmdb.Transaction, lsn: int, rid: str) -> Record:
+    def _get(self, txn: lmdb.Transaction[bytes], lsn: int, rid: str) -> Record:
         value = txn.get(lsn_key(lsn), db=self.wal.records)
         if value is None:
             raise CorruptRecordError(f"the index lists it for {rid!r} but the record is missing", lsn)

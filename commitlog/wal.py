@@ -9,7 +9,7 @@ from pathlib import Path
 
 import lmdb
 
-from commitlog.codec import FORMAT_VERSION, META_CHECKPOINT, EncodedGroup
+from commitlog.codec import FORMAT_VERSION, EncodedGroup
 from commitlog.errors import CommitLogError, CorruptRecordError, FormatVersionError, LogFullError, LogLockedError
 
 RECORDS_DB = b"records"  # LSN (8 bytes BE) -> record value

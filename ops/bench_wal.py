@@ -7,10 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ import lmdb
 from commitlog.codec import EncodedGroup, Encoder, Entry, Kind
 from commitlog.state import Delta
 from commitlog.wal import Durability, Wal, WalConfig
-from commitlog.writer import WalWriter
+from commitlog.writer import DurableCallback, WalWriter
 
 TABLE_GROUPS = (1, 8, 64, 256)
 TABLE_MODES = ("fsync", "none")
@@ -113,13 +111,18 @@ def writer_rate(log_dir: Path, groups: list[EncodedGroup], durability: Durabilit
     for i, group in enumerate(groups):
         if max_inflight and i >= max_inflight:
             writer.wait_durable(groups[i - max_inflight].last_lsn)
-        submitted = time.perf_counter()
-        writer.submit(group, lambda lsn, err, t=submitted: latencies.append(time.perf_counter() - t))
+        writer.submit(group, _latency_recorder(latencies, time.perf_counter()))
     writer.wait_durable(groups[-1].last_lsn)
     elapsed = time.perf_counter() - started
     writer.close()
     wal.close()
     return sum(len(g.records) for g in groups) / elapsed, latencies
+
+
+def _latency_recorder(latencies: list[float], submitted: float) -> DurableCallback:
+    def record(lsn: int, error: BaseException | None) -> None:
+        latencies.append(time.perf_counter() - submitted)
+    return record
 
 
 def raw_puts_rate(log_dir: Path, groups: list[EncodedGroup], durability: Durability) -> float:
