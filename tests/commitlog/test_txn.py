@@ -189,3 +189,14 @@ def test_entry_is_not_shared_between_requests() -> None:
         txn.append_token(4)
         txn.commit()
     assert [e.rid for e in entries] == ["r", "b"]
+
+
+def test_staged_lsn_is_the_lsn_the_abort_record_gets(ledger: Ledger) -> None:
+    ledger.begin("r", [1], {})
+    sync_flush(ledger)
+    assert ledger.staged_lsn() == ledger.writer.durable_lsn
+    ledger.doom("r", "stop", DoomSource.API)
+    promised = ledger.staged_lsn()
+    sync_flush(ledger)
+    record = ledger.read(lambda r: next(iter(r.records(promised, promised))))
+    assert record.kind is Kind.ABORT_REQUESTED and record.rid == "r"
