@@ -108,10 +108,6 @@ class Ledger:
         """The LSN the most recently staged entry will be written at (e.g. an ABORT_REQUESTED)."""
         return self._encoder.next_lsn + len(self._pending) - 1
 
-    def staged_lsn(self) -> int:
-        """The LSN the most recently staged entry will get when flushed (the last LSN if none is)."""
-        return self._encoder.next_lsn + len(self._pending) - 1
-
     def step(self) -> Step:
         return Step(self)
 
