@@ -83,8 +83,8 @@ class Engine:
     ) -> dict[str, Any] | list[dict[str, Any]]:
         call = GenerateCall(prompt, input_ids, sampling_params, return_logprob, top_logprobs_num,
                             logprob_start_len, return_hidden_states, rid)
-        reqs, is_batch = self._builder.build(call)
-        waiters = self._submit(reqs)
+        specs, is_batch = self._builder.build(call)
+        waiters = self._submit([Req.from_spec(s) for s in specs])
         for w in waiters:
             w.done.wait()
             if w.error is not None:

@@ -34,13 +34,22 @@ def finish_reason_dict(state: RequestState) -> dict[str, object] | None:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """A validated request as it travels from the front to the scheduler (seed always set)."""
+
+    rid: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    logprob: LogprobRequest
+
+
 @dataclass(eq=False, slots=True)
 class Req:
     rid: str
     prompt_ids: list[int]
     params: SamplingParams
     logprob: LogprobRequest
-    seed: int
     generator: torch.Generator
     arrival_time: float = field(default_factory=time.monotonic)
     # The committed state; set when the scheduler logs BEGIN. Only transactions mutate it.
@@ -56,6 +65,12 @@ class Req:
     future_slot: int = -1  # where the latest in-flight token is published
     finish_time: float | None = None
     abort_lsn: int | None = None
+
+    @classmethod
+    def from_spec(cls, spec: RequestSpec) -> Req:
+        assert spec.params.seed is not None, "the front assigns every request a seed"
+        generator = torch.Generator().manual_seed(spec.params.seed)
+        return cls(spec.rid, spec.prompt_ids, spec.params, spec.logprob, generator)
 
     @property
     def prompt_len(self) -> int:
@@ -88,7 +103,7 @@ class Req:
         return {
             "max_new_tokens": p.max_new_tokens, "temperature": p.temperature, "top_p": p.top_p,
             "top_k": p.top_k, "min_p": p.min_p, "stop": list(p.stop), "stop_token_ids": list(p.stop_token_ids),
-            "ignore_eos": p.ignore_eos, "seed": self.seed, "return_logprob": self.logprob.return_logprob,
+            "ignore_eos": p.ignore_eos, "seed": p.seed, "return_logprob": self.logprob.return_logprob,
             "top_logprobs_num": self.logprob.top_logprobs_num, "logprob_start_len": self.logprob.logprob_start_len,
             "return_hidden_states": self.logprob.return_hidden_states,
         }

@@ -3,13 +3,11 @@ from __future__ import annotations
 
 import random
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-import torch
-
 from server.errors import InvalidRequestError
-from server.request import LogprobRequest, Req
+from server.request import LogprobRequest, RequestSpec
 from server.sampling.params import SamplingParams
 from server.tokenizer import Tokenizer
 
@@ -42,7 +40,7 @@ class RequestBuilder:
         # Unseeded requests still get a seed, drawn here, so every request's draws are reproducible.
         self._seeds = random.Random(random_seed)
 
-    def build(self, call: GenerateCall) -> tuple[list[Req], bool]:
+    def build(self, call: GenerateCall) -> tuple[list[RequestSpec], bool]:
         """Returns the requests and whether the call was a batch."""
         prompts, is_batch = self._prompts(call)
         params = _per_prompt(call.sampling_params, len(prompts), "sampling_params", dict)
@@ -87,7 +85,7 @@ class RequestBuilder:
             raise InvalidRequestError("logprob_start_len must be an integer >= -1", "logprob_start_len")
         return LogprobRequest(call.return_logprob, k, start, call.return_hidden_states)
 
-    def _build_one(self, prompt: list[int], params: SamplingParams, logprob: LogprobRequest, rid: str | None) -> Req:
+    def _build_one(self, prompt: list[int], params: SamplingParams, logprob: LogprobRequest, rid: str | None) -> RequestSpec:
         if not prompt:
             raise InvalidRequestError("the prompt is empty", "text")
         need = len(prompt) + params.max_new_tokens
@@ -100,11 +98,9 @@ class RequestBuilder:
                 f"prompt + max_new_tokens ({need}) exceeds the KV capacity {self.limits.kv_capacity}", "max_new_tokens")
         if logprob.logprob_start_len >= len(prompt):
             raise InvalidRequestError("logprob_start_len must be below the prompt length", "logprob_start_len")
-        seed = params.seed if params.seed is not None else self._seeds.getrandbits(63)
-        return Req(
-            rid=rid or uuid.uuid4().hex, prompt_ids=prompt, params=params, logprob=logprob, seed=seed,
-            generator=torch.Generator().manual_seed(seed),
-        )
+        if params.seed is None:
+            params = replace(params, seed=self._seeds.getrandbits(63))
+        return RequestSpec(rid or uuid.uuid4().hex, prompt, params, logprob)
 
 
 def _per_prompt(value: Any, n: int, name: str, item_type: type) -> list[Any]:

@@ -58,7 +58,8 @@ class ScriptedRuntime:
     def submit(self, input_ids: list[int], rid: str, **params: Any) -> Req:
         logprob = {k: params.pop(k) for k in ("return_logprob", "top_logprobs_num", "return_hidden_states") if k in params}
         params.setdefault("temperature", 0)
-        (req,), _ = self.builder.build(GenerateCall(input_ids=input_ids, sampling_params=params, rid=rid, **logprob))
+        (spec,), _ = self.builder.build(GenerateCall(input_ids=input_ids, sampling_params=params, rid=rid, **logprob))
+        req = Req.from_spec(spec)
         self.sched.add_request(req)
         return req
 
