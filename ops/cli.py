@@ -5,7 +5,7 @@ import argparse
 import sys
 from dataclasses import asdict
 
-from ops import bench_engine, bench_throughput
+from ops import bench_engine, bench_throughput, bench_wal
 from ops.server_args import add_server_args, server_args_from
 from server.errors import TokenLedgerError
 
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     bench_engine.add_parser(bench_sub)
     bench_throughput.add_parser(bench_sub)
+    bench_wal.add_parser(bench_sub)
     return parser
 
 
