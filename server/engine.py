@@ -26,7 +26,7 @@ from server.errors import EngineStoppedError, InvalidRequestError
 from server.outputs import AbortAnswer, RequestDelta
 from server.request import Req
 from server.request_builder import GenerateCall, RequestBuilder
-from server.response import format_output
+from server.response import CommittedView, format_output
 from server.runtime import Runtime, build_runtime
 from server.scheduler import Scheduler
 
@@ -89,7 +89,7 @@ class Engine:
             w.done.wait()
             if w.error is not None:
                 raise EngineStoppedError(f"the engine stopped before {w.req.rid} finished: {w.error}") from w.error
-        outputs = [format_output(w.req, self.tokenizer) for w in waiters]
+        outputs = [format_output(CommittedView.of(w.req), self.tokenizer) for w in waiters]
         return outputs if is_batch else outputs[0]
 
     def abort(self, rid: str, source: str = "api") -> dict[str, Any]:

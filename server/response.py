@@ -1,41 +1,82 @@
-"""SGLang-shaped result dicts built from a request's committed state."""
+"""SGLang-shaped result dicts, built from a finished request's committed view.
+
+The offline Engine builds the view from the request's committed state; the HTTP front
+builds it from the durable deltas it received. Both format through `format_output`.
+"""
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from commitlog import FinishReason
 from server.finish import trim_at_stop
-from server.request import Req, finish_reason_dict
+from server.outputs import RequestDelta
+from server.request import LogprobRequest, Req, finish_reason_dict
 from server.tokenizer import Tokenizer
 
 
-def format_output(req: Req, tokenizer: Tokenizer) -> dict[str, Any]:
-    state = req.state
-    text = tokenizer.decode(state.output_ids, req.params.skip_special_tokens)
+@dataclass(slots=True)
+class CommittedView:
+    rid: str
+    prompt_ids: list[int]
+    logprob: LogprobRequest
+    skip_special_tokens: bool = True
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    input_logprobs: list[float] = field(default_factory=list)
+    hidden_states: list[list[float]] = field(default_factory=list)
+    finish: dict[str, Any] | None = None
+    e2e_latency: float = 0.0
+
+    @classmethod
+    def of(cls, req: Req) -> CommittedView:
+        s = req.state
+        hidden = [np.frombuffer(b, dtype=np.float32).tolist() for b in s.hidden_states]
+        return cls(req.rid, req.prompt_ids, req.logprob, req.params.skip_special_tokens, list(s.output_ids),
+                   list(s.output_logprobs), [list(t) for t in s.output_top_logprobs], list(s.input_logprobs),
+                   hidden, finish_reason_dict(s), (req.finish_time or req.arrival_time) - req.arrival_time)
+
+    def apply(self, delta: RequestDelta) -> None:
+        self.output_ids.extend(delta.token_ids)
+        self.output_logprobs.extend(delta.logprobs)
+        self.output_top_logprobs.extend([[(int(t), float(lp)) for t, lp in top] for top in delta.top_logprobs])
+        self.input_logprobs.extend(delta.input_logprobs)
+        self.hidden_states.extend(delta.hidden_states)
+        if delta.finish is not None:
+            self.finish = delta.finish
+
+    def text(self, tokenizer: Tokenizer) -> str:
+        text = tokenizer.decode(self.output_ids, self.skip_special_tokens)
+        finish = self.finish or {}
+        reason = FinishReason(finish["type"]) if finish else None
+        return trim_at_stop(text, reason, finish.get("matched"))
+
+
+def format_output(view: CommittedView, tokenizer: Tokenizer) -> dict[str, Any]:
     meta: dict[str, Any] = {
-        "id": req.rid,
-        "finish_reason": finish_reason_dict(state),
-        "prompt_tokens": req.prompt_len,
-        "completion_tokens": len(state.output_ids),
+        "id": view.rid,
+        "finish_reason": view.finish,
+        "prompt_tokens": len(view.prompt_ids),
+        "completion_tokens": len(view.output_ids),
         "cached_tokens": 0,
-        "e2e_latency": (req.finish_time or time.monotonic()) - req.arrival_time,
+        "e2e_latency": view.e2e_latency,
     }
-    if req.logprob.return_logprob:
-        meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(state.output_logprobs, state.output_ids)]
-        meta["output_top_logprobs"] = [[(lp, t, None) for t, lp in top] for top in state.output_top_logprobs]
-        if req.wants_input_logprobs:
-            meta["input_token_logprobs"] = _input_logprobs(req)
-    if req.logprob.return_hidden_states:
-        meta["hidden_states"] = [np.frombuffer(b, dtype=np.float32).tolist() for b in state.hidden_states]
-    return {"text": trim_at_stop(text, state.finish_reason, state.finish_matched), "output_ids": list(state.output_ids),
-            "meta_info": meta}
+    if view.logprob.return_logprob:
+        meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(view.output_logprobs, view.output_ids)]
+        meta["output_top_logprobs"] = [[(lp, t, None) for t, lp in top] for top in view.output_top_logprobs]
+        if view.logprob.logprob_start_len >= 0:
+            meta["input_token_logprobs"] = _input_logprobs(view)
+    if view.logprob.return_hidden_states:
+        meta["hidden_states"] = view.hidden_states
+    return {"text": view.text(tokenizer), "output_ids": list(view.output_ids), "meta_info": meta}
 
 
-def _input_logprobs(req: Req) -> list[tuple[float | None, int, None]]:
+def _input_logprobs(view: CommittedView) -> list[tuple[float | None, int, None]]:
     # Position 0 has no preceding context; like SGLang it is reported as None.
-    start = req.logprob.logprob_start_len
-    first = [(None, req.prompt_ids[0], None)] if start == 0 else []
-    scored = range(max(start, 1), req.prompt_len)
-    return first + [(lp, req.prompt_ids[p], None) for p, lp in zip(scored, req.state.input_logprobs)]
+    start = view.logprob.logprob_start_len
+    first = [(None, view.prompt_ids[0], None)] if start == 0 else []
+    scored = range(max(start, 1), len(view.prompt_ids))
+    return first + [(lp, view.prompt_ids[p], None) for p, lp in zip(scored, view.input_logprobs)]

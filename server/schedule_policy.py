@@ -1,6 +1,7 @@
 """Scheduling limits and step statistics."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from server.forward_batch import ForwardMode
@@ -36,3 +37,19 @@ class StepStats:
         self.steps[mode] += 1
         self.tokens[mode] += tokens
         self.seconds[mode] += seconds
+
+
+@dataclass(slots=True)
+class SchedulerCounters:
+    """Counts for metrics; the sample lists are drained by whoever reports them."""
+
+    aborts: Counter[str] = field(default_factory=Counter)  # by source
+    discarded_results: int = 0
+    generated_tokens: int = 0
+    step_seconds: list[float] = field(default_factory=list)
+    wal_commit_seconds: list[float] = field(default_factory=list)  # appended on the log writer's thread
+
+    def drain_samples(self) -> tuple[list[float], list[float]]:
+        steps, self.step_seconds = self.step_seconds, []
+        wal, self.wal_commit_seconds = self.wal_commit_seconds, []
+        return steps, wal

@@ -21,7 +21,7 @@ from server.model_runner import ForwardHandle, ModelRunner
 from server.outputs import AbortAnswer, AbortStatus, RequestDelta
 from server.request import Req, finish_reason_dict
 from server.result_processing import FinishRules, process_decode_result, process_extend_result
-from server.schedule_policy import SchedulePolicy, StepStats
+from server.schedule_policy import SchedulePolicy, SchedulerCounters, StepStats
 
 # Both are called on the log writer's thread once a group is durable, or with the error
 # that stopped it from becoming durable (then nothing in it may be shown).
@@ -50,6 +50,7 @@ class Scheduler:
         self.outbox: list[RequestDelta] = []
         self.reserved_tokens = 0
         self.stats = StepStats()
+        self.counters = SchedulerCounters()
 
     # -- arrivals -------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -80,7 +81,9 @@ class Scheduler:
             req.inflight_tokens += sampled
         started = time.perf_counter()
         handle = self.runner.launch(batch)
-        self.stats.record(batch.mode, batch.num_tokens, time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        self.stats.record(batch.mode, batch.num_tokens, elapsed)
+        self.counters.step_seconds.append(elapsed)
         self.inflight.append(handle)
         return handle
 
@@ -92,12 +95,20 @@ class Scheduler:
             req.inflight_tokens -= sampled
         process = process_extend_result if batch.mode is ForwardMode.EXTEND else process_decode_result
         for req in process(batch, result, self.ledger.step(), self.rules, self.outbox):
+            self.counters.discarded_results += req.is_doomed
             self._on_finished(req)
 
     def flush(self) -> int | None:
         """Write the step's records as one group; its deltas go out once it is durable."""
         deltas, self.outbox = self.outbox, []
-        return self.ledger.flush(lambda _lsn, error: self.sink(deltas, error))
+        self.counters.generated_tokens += sum(len(d.token_ids) for d in deltas)
+        started = time.perf_counter()
+
+        def on_durable(_lsn: int, error: BaseException | None) -> None:
+            self.counters.wal_commit_seconds.append(time.perf_counter() - started)
+            self.sink(deltas, error)
+
+        return self.ledger.flush(on_durable)
 
     # -- batch selection: the admission guard lives here ----------------------------
     def next_batch(self) -> ForwardBatch | None:
@@ -157,6 +168,7 @@ class Scheduler:
             reply(answer, None)
             return
         self.ledger.doom(rid, reason, source)
+        self.counters.aborts[source.value] += 1
         req.abort_lsn = self.ledger.staged_lsn()
         if req.inflight_batches == 0:
             # Waiting, or admitted with no result pending: nothing can arrive for it, finish now.

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from server.errors import InvalidRequestError
@@ -25,7 +25,9 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     skip_special_tokens: bool = True
-    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @property
     def is_greedy(self) -> bool:
@@ -36,7 +38,7 @@ class SamplingParams:
         raw = dict(raw or {})
         if not isinstance(raw, dict):
             raise InvalidRequestError("sampling_params must be an object", "sampling_params")
-        known = {f.name for f in fields(cls)} - {"extra"}
+        known = {f.name for f in fields(cls)}
         for name in raw:
             if name in NOT_YET_SUPPORTED and raw[name] is not None:
                 raise InvalidRequestError(f"sampling_params.{name} is not supported yet", name)

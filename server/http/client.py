@@ -1,0 +1,173 @@
+"""The front's side of the ZMQ link: spawns the scheduler process, sends requests, routes
+durable deltas to per-request streams, and notices when the scheduler dies."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import multiprocessing
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import zmq
+import zmq.asyncio
+
+from server.config import ServerArgs
+from server.errors import EngineStoppedError, TokenLedgerError
+from server.messages import (
+    AbortMsg, AbortReplyMsg, DeltasMsg, FatalMsg, GenerateMsg, Message, ReadyMsg, RejectMsg, ShutdownMsg, StatsMsg,
+    StoppedMsg, decode, encode,
+)
+from server.outputs import AbortAnswer, RequestDelta
+from server.request import RequestSpec
+from server.scheduler_process import scheduler_main
+
+
+class RequestRejected(TokenLedgerError):
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.http_status = status
+        self.error_type = "conflict" if status == 409 else "service_unavailable"
+
+
+_END = object()
+
+
+class SchedulerClient:
+    def __init__(self, args: ServerArgs, log_dir: Path) -> None:
+        self.args = args
+        self.log_dir = log_dir
+        self._ipc_dir = tempfile.mkdtemp(prefix="tokenledger-ipc-")
+        inbound, outbound = f"ipc://{self._ipc_dir}/to-scheduler", f"ipc://{self._ipc_dir}/to-front"
+        self._ctx = zmq.asyncio.Context()
+        self._push = self._ctx.socket(zmq.PUSH)
+        self._push.bind(inbound)
+        self._pull = self._ctx.socket(zmq.PULL)
+        self._pull.bind(outbound)
+        self.process = multiprocessing.get_context("spawn").Process(
+            target=scheduler_main, args=(args, str(log_dir), inbound, outbound), name="tokenledger-scheduler")
+        self.ready: ReadyMsg | None = None
+        self.failure: str | None = None
+        self.stopped = asyncio.Event()
+        self.on_stats: list = []  # callbacks taking a StatsMsg
+        self._streams: dict[str, asyncio.Queue[object]] = {}
+        self._tickets = itertools.count(1)
+        self._abort_futures: dict[int, asyncio.Future[list[AbortAnswer]]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self, timeout_s: float = 600.0) -> ReadyMsg:
+        """Starts the scheduler and waits until it has loaded the model and opened the log."""
+        self.process.start()
+        self._tasks = [asyncio.create_task(self._receive_loop()), asyncio.create_task(self._watch_process())]
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.ready is None:
+            if self.failure is not None:
+                raise EngineStoppedError(f"the scheduler failed to start: {self.failure}")
+            if asyncio.get_running_loop().time() > deadline:
+                raise EngineStoppedError("the scheduler did not become ready in time")
+            await asyncio.sleep(0.02)
+        return self.ready
+
+    @property
+    def is_healthy(self) -> bool:
+        return self.ready is not None and self.failure is None and not self.stopped.is_set()
+
+    # -- requests ---------------------------------------------------------------------
+    def is_live(self, rid: str) -> bool:
+        return rid in self._streams
+
+    async def generate(self, spec: RequestSpec) -> AsyncIterator[RequestDelta]:
+        """Yields the request's durable deltas; the last one carries `finish`."""
+        if not self.is_healthy:
+            raise EngineStoppedError(self.failure or "the scheduler is not running")
+        if spec.rid in self._streams:
+            raise RequestRejected(f"rid {spec.rid!r} is already in use by a live request", 409)
+        stream: asyncio.Queue[object] = asyncio.Queue()
+        self._streams[spec.rid] = stream
+        try:
+            await self._push.send(encode(GenerateMsg.from_spec(spec)))
+            while (item := await stream.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                assert isinstance(item, RequestDelta)
+                yield item
+        finally:
+            self._streams.pop(spec.rid, None)
+
+    async def abort(self, rids: list[str], source: str, abort_all: bool = False) -> list[AbortAnswer]:
+        if not self.is_healthy:
+            raise EngineStoppedError(self.failure or "the scheduler is not running")
+        ticket = next(self._tickets)
+        future: asyncio.Future[list[AbortAnswer]] = asyncio.get_running_loop().create_future()
+        self._abort_futures[ticket] = future
+        await self._push.send(encode(AbortMsg(ticket, rids, source, abort_all)))
+        return await future
+
+    async def shutdown(self, grace_s: float) -> None:
+        if self.process.is_alive():
+            await self._push.send(encode(ShutdownMsg(grace_s)))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stopped.wait(), grace_s + 30)
+        await asyncio.to_thread(self.process.join, 10)
+        self.close()
+
+    def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        if self.process.is_alive():
+            self.process.kill()
+        self._push.close(0)
+        self._pull.close(0)
+        self._ctx.term()
+        shutil.rmtree(self._ipc_dir, ignore_errors=True)
+
+    # -- inbound ----------------------------------------------------------------------
+    async def _receive_loop(self) -> None:
+        while True:
+            self._dispatch(decode(await self._pull.recv()))
+
+    def _dispatch(self, msg: Message) -> None:
+        if isinstance(msg, DeltasMsg):
+            for delta in msg.deltas:
+                stream = self._streams.get(delta.rid)
+                if stream is not None:
+                    stream.put_nowait(delta)
+                    if delta.finish is not None:
+                        stream.put_nowait(_END)
+        elif isinstance(msg, AbortReplyMsg):
+            future = self._abort_futures.pop(msg.ticket, None)
+            if future is not None and not future.done():
+                future.set_result(msg.answers)
+        elif isinstance(msg, RejectMsg):
+            stream = self._streams.get(msg.rid)
+            if stream is not None:
+                stream.put_nowait(RequestRejected(msg.message, msg.status))
+        elif isinstance(msg, StatsMsg):
+            for callback in self.on_stats:
+                callback(msg)
+        elif isinstance(msg, ReadyMsg):
+            self.ready = msg
+        elif isinstance(msg, FatalMsg):
+            self._fail(msg.message)
+        elif isinstance(msg, StoppedMsg):
+            self.stopped.set()
+
+    async def _watch_process(self) -> None:
+        while self.process.is_alive():
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.2)  # let its last messages arrive
+        if not self.stopped.is_set():
+            self._fail(self.failure or f"the scheduler process exited with code {self.process.exitcode}")
+        self.stopped.set()
+
+    def _fail(self, message: str) -> None:
+        self.failure = message
+        error = EngineStoppedError(f"the scheduler stopped: {message}")
+        for stream in self._streams.values():
+            stream.put_nowait(error)
+        for future in self._abort_futures.values():
+            if not future.done():
+                future.set_exception(error)
+        self._abort_futures.clear()

@@ -1,0 +1,184 @@
+"""The scheduler process: owns the model, the KV pools and the log; talks to the front over ZMQ.
+
+Inbound (PULL): generate, abort, shutdown. Outbound (PUSH, through one sender thread that
+owns the socket): ready, durable deltas, abort replies, stats. Deltas are sent from the
+log's durable callback, so the front never sees a token that is not in the log (I5).
+"""
+from __future__ import annotations
+
+import queue
+import signal
+import threading
+import time
+from pathlib import Path
+
+import zmq
+
+from commitlog import DoomSource
+from server.config import ServerArgs
+from server.errors import TokenLedgerError
+from server.messages import (
+    AbortMsg, AbortReplyMsg, DeltasMsg, FatalMsg, GenerateMsg, Message, ReadyMsg, RejectMsg, ShutdownMsg, StatsMsg,
+    StoppedMsg, decode, encode,
+)
+from server.outputs import AbortAnswer, RequestDelta
+from server.request import Req
+from server.runtime import Runtime, build_runtime
+
+STATS_INTERVAL_S = 0.25
+IDLE_POLL_MS = 50
+
+
+class Sender:
+    """The only user of the outbound socket; other threads hand it messages through a queue."""
+
+    def __init__(self, ctx: zmq.Context, address: str) -> None:
+        self._queue: queue.Queue[Message | None] = queue.Queue()
+        self._socket = ctx.socket(zmq.PUSH)
+        self._socket.setsockopt(zmq.LINGER, 2000)
+        self._socket.connect(address)
+        self._thread = threading.Thread(target=self._run, name="tokenledger-sender", daemon=True)
+        self._thread.start()
+
+    def send(self, msg: Message) -> None:
+        self._queue.put(msg)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        self._socket.close()
+
+    def _run(self) -> None:
+        while (msg := self._queue.get()) is not None:
+            self._socket.send(encode(msg))
+
+
+class SchedulerProcess:
+    def __init__(self, args: ServerArgs, log_dir: Path, inbound: str, outbound: str) -> None:
+        self.ctx = zmq.Context()
+        self.inbound = self.ctx.socket(zmq.PULL)
+        self.inbound.connect(inbound)
+        self.sender = Sender(self.ctx, outbound)
+        self.runtime: Runtime = build_runtime(args, log_dir, self._on_durable)
+        self.sched = self.runtime.scheduler
+        self.shutdown_deadline: float | None = None
+        self.failure: BaseException | None = None
+        self._last_stats = 0.0
+
+    def _on_durable(self, deltas: list[RequestDelta], error: BaseException | None) -> None:
+        if error is not None:  # nothing more may be shown: stop loudly, the front answers 503
+            self.failure = error
+            return
+        if deltas:
+            self.sender.send(DeltasMsg(deltas))
+
+    def announce(self) -> None:
+        rt = self.runtime
+        self.sender.send(ReadyMsg(str(rt.model_dir), str(rt.log_dir), rt.limits.vocab_size, rt.limits.context_len,
+                                  rt.limits.kv_capacity, self.sched.ledger.instance_id))
+
+    def serve(self) -> None:
+        while not self._should_stop():
+            if self.failure is not None:
+                raise RuntimeError(f"the log writer failed: {self.failure}") from self.failure
+            self._receive(block=self.sched.is_idle)
+            if not self.sched.is_idle:
+                self.sched.run_step()
+            elif self.shutdown_deadline is None:
+                self.sched.check_integrity()
+            self._maybe_send_stats()
+        self.sched.ledger.close()  # SERVER_STOP
+        self._maybe_send_stats(force=True)
+        self.sender.send(StoppedMsg())
+        self.sender.close()
+
+    def _should_stop(self) -> bool:
+        if self.shutdown_deadline is None:
+            return False
+        if time.monotonic() >= self.shutdown_deadline and self.sched.reqs:
+            for rid in list(self.sched.reqs):  # grace is over: abort the rest, logged
+                self.sched.abort(rid, DoomSource.SHUTDOWN, lambda _a, _e: None, "server shutdown")
+        return self.sched.is_idle
+
+    def _receive(self, block: bool) -> None:
+        if not self.inbound.poll(IDLE_POLL_MS if block else 0):
+            return
+        while True:
+            self._handle(decode(self.inbound.recv()))
+            if not self.inbound.poll(0):
+                return
+
+    def _handle(self, msg: Message) -> None:
+        if isinstance(msg, GenerateMsg):
+            self._admit(msg)
+        elif isinstance(msg, AbortMsg):
+            self._abort(msg)
+        elif isinstance(msg, ShutdownMsg):
+            self.shutdown_deadline = time.monotonic() + msg.grace_s
+
+    def _admit(self, msg: GenerateMsg) -> None:
+        if self.shutdown_deadline is not None:
+            self.sender.send(RejectMsg(msg.rid, "the server is shutting down", 503))
+        elif msg.rid in self.sched.reqs:
+            self.sender.send(RejectMsg(msg.rid, f"rid {msg.rid!r} is already in use by a live request", 409))
+        else:
+            self.sched.add_request(Req.from_spec(msg.to_spec()))
+
+    def _abort(self, msg: AbortMsg) -> None:
+        rids = list(self.sched.reqs) if msg.abort_all else msg.rids
+        answers: list[AbortAnswer] = []
+        source = DoomSource(msg.source)
+
+        def collect(answer: AbortAnswer, _error: BaseException | None) -> None:
+            answers.append(answer)
+            if len(answers) == len(rids):
+                self.sender.send(AbortReplyMsg(msg.ticket, answers))
+
+        if not rids:
+            self.sender.send(AbortReplyMsg(msg.ticket, []))
+        for rid in rids:
+            self.sched.abort(rid, source, collect)
+
+    def _maybe_send_stats(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_stats < STATS_INTERVAL_S:
+            return
+        self._last_stats = now
+        sched, counters = self.sched, self.sched.counters
+        steps, wal = counters.drain_samples()
+        self.sender.send(StatsMsg(
+            running=len(sched.running), waiting=len(sched.waiting), kv_used=sched.kv_pool.num_used,
+            kv_total=sched.kv_pool.capacity, durable_lsn=sched.ledger.writer.durable_lsn, step_seconds=steps,
+            wal_commit_seconds=wal, aborts=dict(counters.aborts), discarded=counters.discarded_results,
+            generated=counters.generated_tokens,
+        ))
+
+
+def scheduler_main(args: ServerArgs, log_dir: str, inbound: str, outbound: str) -> None:
+    """Entry point of the spawned process. SIGTERM/SIGINT belong to the front's shutdown."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        proc = SchedulerProcess(args, Path(log_dir), inbound, outbound)
+    except TokenLedgerError as exc:
+        _report_fatal(outbound, str(exc))
+        raise SystemExit(2) from None
+    except Exception as exc:  # noqa: BLE001 - reported to the front, then the process exits
+        _report_fatal(outbound, f"{type(exc).__name__}: {exc}")
+        raise SystemExit(2) from None
+    proc.announce()
+    try:
+        proc.serve()
+    except Exception as exc:  # noqa: BLE001 - the front turns this into 503s and a non-zero exit
+        proc.sender.send(FatalMsg(f"{type(exc).__name__}: {exc}"))
+        proc.sender.close()
+        raise SystemExit(1) from None
+
+
+def _report_fatal(outbound: str, message: str) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.connect(outbound)
+    sock.send(encode(FatalMsg(message)))
+    sock.close()
+    ctx.term()
