@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict
 
 from ops import bench_engine, bench_throughput, bench_wal
 from ops.server_args import add_server_args, server_args_from
@@ -38,19 +37,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve(ns: argparse.Namespace) -> int:
-    import uvicorn
+    from server.http.serve import run_server
 
-    from server.engine import Engine
-    from server.http.app import create_app
-
-    args = server_args_from(ns)
-    engine = Engine(**asdict(args))
-    try:
-        print(f"tokenledger: serving {engine.runtime.model_dir} on http://{args.host}:{args.port}", file=sys.stderr)
-        uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning")
-    finally:
-        engine.shutdown()
-    return 0
+    return run_server(server_args_from(ns))
 
 
 if __name__ == "__main__":

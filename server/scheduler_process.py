@@ -81,12 +81,14 @@ class SchedulerProcess:
         while not self._should_stop():
             if self.failure is not None:
                 raise RuntimeError(f"the log writer failed: {self.failure}") from self.failure
-            self._receive(block=self.sched.is_idle)
+            was_busy = not self.sched.is_idle
+            self._receive(block=not was_busy)
             if not self.sched.is_idle:
                 self.sched.run_step()
             elif self.shutdown_deadline is None:
                 self.sched.check_integrity()
-            self._maybe_send_stats()
+            # Report at once when the scheduler goes idle, so gauges read 0 after a drain.
+            self._maybe_send_stats(force=was_busy and self.sched.is_idle)
         self.sched.ledger.close()  # SERVER_STOP
         self._maybe_send_stats(force=True)
         self.sender.send(StoppedMsg())

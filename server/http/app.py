@@ -1,58 +1,119 @@
-"""A FastAPI app over an in-process `Engine` (the multi-process front replaces it later)."""
+"""The FastAPI app: auth, error bodies, health, metrics, abort, the log's view, and the
+native and OpenAI routers."""
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
+import structlog
 from fastapi import FastAPI, Request
-from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
-from server.engine import Engine
-from server.errors import InvalidRequestError, TokenLedgerError
+from commitlog import CommitLogError, LogReader
+from server.errors import EngineStoppedError, InvalidRequestError, TokenLedgerError
+from server.http.bodies import json_object, typed
+from server.http.errors import HttpError, error_response
+from server.http.front import Front
+from server.http.native import native_router
+from server.http.openai_api import openai_router
+from server.outputs import AbortAnswer, AbortStatus
 
-GENERATE_FIELDS = ("text", "input_ids", "sampling_params", "return_logprob", "top_logprobs_num",
-                   "logprob_start_len", "return_hidden_states", "rid", "stream")
+log = structlog.get_logger("tokenledger.http")
+OPEN_PATHS = frozenset({"/health"})
 
 
-def error_body(message: str, error_type: str, param: str | None, code: int) -> dict[str, Any]:
-    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
-
-
-def create_app(engine: Engine) -> FastAPI:
-    app = FastAPI(title="tokenledger")
+def create_app(front: Front) -> FastAPI:
+    app = FastAPI(title="tokenledger", docs_url=None, redoc_url=None)
+    api_key, admin_key = front.args.api_key, front.args.admin_api_key or front.args.api_key
 
     @app.exception_handler(TokenLedgerError)
     async def typed_error(_: Request, exc: TokenLedgerError) -> JSONResponse:
-        param = getattr(exc, "param", None)
-        return JSONResponse(error_body(str(exc), exc.error_type, param, exc.http_status), status_code=exc.http_status)
+        return error_response(exc)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled_error", error=repr(exc))
+        return error_response(TokenLedgerError(f"internal error: {type(exc).__name__}"))
+
+    @app.middleware("http")
+    async def authenticate(request: Request, call_next: Any) -> Response:
+        if api_key and request.url.path not in OPEN_PATHS and not _bearer_matches(request, api_key, admin_key):
+            return error_response(HttpError(401, "missing or wrong API key (Authorization: Bearer <key>)",
+                                            "authentication_error"))
+        return await call_next(request)
+
+    def require_admin(request: Request) -> None:
+        if admin_key and not _bearer_matches(request, admin_key):
+            raise HttpError(401, "this route needs the admin API key", "authentication_error")
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> JSONResponse:
+        if front.is_serving:
+            return JSONResponse({"status": "ok"})
+        return JSONResponse({"status": "unavailable", "reason": front.client.failure or "starting or draining"},
+                            status_code=503)
 
-    @app.post("/generate")
-    async def generate(request: Request) -> Any:
-        body = await _json_object(request)
-        unknown = sorted(set(body) - set(GENERATE_FIELDS))
-        if unknown:
-            raise InvalidRequestError(f"unknown field {unknown[0]!r}", unknown[0])
-        if body.get("stream"):
-            raise InvalidRequestError("stream is not supported by this server build yet", "stream")
-        return await run_in_threadpool(
-            engine.generate, prompt=body.get("text"), input_ids=body.get("input_ids"),
-            sampling_params=body.get("sampling_params"), return_logprob=body.get("return_logprob", False),
-            top_logprobs_num=body.get("top_logprobs_num", 0), logprob_start_len=body.get("logprob_start_len", -1),
-            return_hidden_states=body.get("return_hidden_states", False), rid=body.get("rid"),
-        )
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(front.metrics.render(), media_type="text/plain; version=0.0.4")
 
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> JSONResponse:
+        body = await json_object(request, frozenset({"rid", "abort_all"}))
+        if typed(body, "abort_all", bool, False):
+            require_admin(request)
+            answers = await front.client.abort([], "api", abort_all=True)
+            return JSONResponse({"aborted": [a.to_dict() for a in answers]})
+        rid = typed(body, "rid", str)
+        if not rid:
+            raise InvalidRequestError("rid is required (or abort_all: true)", "rid")
+        return _abort_response(rid, await front.abort(rid, "api"))
+
+    @app.get("/requests/{rid}")
+    async def request_view(rid: str, request: Request) -> JSONResponse:
+        require_admin(request)
+        view = _read_audit(front, rid)
+        if view is None:
+            raise HttpError(404, f"the log has no request {rid!r}", "not_found", "rid")
+        return JSONResponse(view)
+
+    app.include_router(native_router(front))
+    app.include_router(openai_router(front))
     return app
 
 
-async def _json_object(request: Request) -> dict[str, Any]:
+def _bearer_matches(request: Request, *keys: str | None) -> bool:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    # Constant-time comparisons, and all of them, so timing says nothing about which key is close.
+    results = [hmac.compare_digest(token.encode(), key.encode()) for key in keys if key]
+    return any(results)
+
+
+def _abort_response(rid: str, answers: list[AbortAnswer]) -> JSONResponse:
+    if any(a.status is AbortStatus.ABORTED for a in answers):
+        aborted = [a for a in answers if a.status is AbortStatus.ABORTED]
+        body = aborted[0].to_dict() if len(answers) == 1 else {
+            "rid": rid, "status": "aborted", "completion_tokens": sum(a.completion_tokens for a in aborted),
+            "lsn": max(a.lsn or 0 for a in aborted), "choices": [a.to_dict() for a in answers]}
+        return JSONResponse(body)
+    done = [a for a in answers if a.status is AbortStatus.ALREADY_FINISHED]
+    if done:
+        raise HttpError(409, f"request {rid!r} had already finished", "conflict", "rid",
+                        {"finish_reason": done[0].finish, "completion_tokens": done[0].completion_tokens})
+    raise HttpError(404, f"no request {rid!r} is known", "not_found", "rid")
+
+
+def _read_audit(front: Front, rid: str) -> dict[str, Any] | None:
     try:
-        body = await request.json()
-    except ValueError as exc:
-        raise InvalidRequestError(f"the body is not valid JSON: {exc}") from exc
-    if not isinstance(body, dict):
-        raise InvalidRequestError("the body must be a JSON object")
-    return body
+        reader = LogReader.open(front.client.log_dir)
+    except CommitLogError as exc:
+        raise EngineStoppedError(f"the log cannot be read: {exc}") from exc
+    from commitlog.audit import audit_request
+
+    try:
+        return audit_request(reader, rid)
+    finally:
+        reader.close()

@@ -114,6 +114,8 @@ class SchedulerClient:
         self.close()
 
     def close(self) -> None:
+        if self._ctx.closed:
+            return
         for task in self._tasks:
             task.cancel()
         if self.process.is_alive():

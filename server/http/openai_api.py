@@ -1,0 +1,218 @@
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions.
+
+Every response's `id` (and every stream chunk's) is the request's rid, so an operator can
+look it up in the log and abort it. With n > 1 the choices run as `{id}-{i}` in the log
+and aborting `id` aborts them all. Fields we do not implement are refused by name.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from server.errors import InvalidRequestError
+from server.http.bodies import json_object, typed
+from server.http.front import Front, require_ready
+from server.http.incremental import IncrementalText
+from server.http.native import SSE_DONE, sse
+from server.http.openai_format import chat_logprobs, completion_logprobs, envelope, finish_reason, usage
+from server.request import RequestSpec
+from server.request_builder import GenerateCall
+from server.response import CommittedView
+
+COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "seed", "n", "stream",
+                    "stream_options", "user", "ignore_eos", "frequency_penalty", "presence_penalty", "best_of"})
+COMPLETION_FIELDS = COMMON | {"prompt", "logprobs", "echo", "suffix"}
+CHAT_FIELDS = COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens", "response_format"}
+MAX_N = 16
+
+
+@dataclass(frozen=True)
+class Call:
+    rid: str
+    model: str
+    kind: str  # "text_completion" or "chat.completion"
+    specs: list[RequestSpec]
+    logprobs: int | None  # top-k to report per token; None: no logprobs
+    include_usage: bool
+
+
+def openai_router(front: Front) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": front.served_model_name, "object": "model", "created": 0,
+                                            "owned_by": "tokenledger"}]}
+
+    @router.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        body = await json_object(request, COMPLETION_FIELDS)
+        return await _respond(front, request, body, _completion_call(front, body))
+
+    @router.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        body = await json_object(request, CHAT_FIELDS)
+        return await _respond(front, request, body, _chat_call(front, body))
+
+    return router
+
+
+# -- parsing ---------------------------------------------------------------------------
+def _common(front: Front, body: dict[str, Any]) -> tuple[str, dict[str, Any], int]:
+    model = typed(body, "model", str)
+    if model is None:
+        raise InvalidRequestError("model is required", "model")
+    if model != front.served_model_name:
+        raise InvalidRequestError(f"model {model!r} is not served here; use {front.served_model_name!r}", "model")
+    for name, neutral in (("frequency_penalty", 0), ("presence_penalty", 0), ("best_of", 1)):
+        if body.get(name) not in (None, neutral):
+            raise InvalidRequestError(f"{name} other than {neutral} is not supported", name)
+    n = typed(body, "n", int, 1)
+    if not 1 <= n <= MAX_N:
+        raise InvalidRequestError(f"n must be between 1 and {MAX_N}", "n")
+    params = {k: body[k] for k in ("temperature", "top_p", "top_k", "min_p", "stop", "seed", "ignore_eos")
+              if body.get(k) is not None}
+    return model, params, n
+
+
+def _completion_call(front: Front, body: dict[str, Any]) -> Call:
+    model, params, n = _common(front, body)
+    if body.get("echo") or body.get("suffix"):
+        raise InvalidRequestError("echo and suffix are not supported", "echo" if body.get("echo") else "suffix")
+    params["max_new_tokens"] = typed(body, "max_tokens", int, 16)
+    prompt = body.get("prompt")
+    text, ids = (prompt, None) if isinstance(prompt, (str, type(None))) or _all_str(prompt) else (None, prompt)
+    if prompt is None:
+        raise InvalidRequestError("prompt is required", "prompt")
+    k = typed(body, "logprobs", int)
+    if k is not None and not 0 <= k <= 20:
+        raise InvalidRequestError("logprobs must be between 0 and 20", "logprobs")
+    return _build(front, body, model, "text_completion", GenerateCall(prompt=text, input_ids=ids), params, n, k)
+
+
+def _chat_call(front: Front, body: dict[str, Any]) -> Call:
+    model, params, n = _common(front, body)
+    fmt = typed(body, "response_format", dict)
+    if fmt is not None and fmt.get("type") != "text":
+        raise InvalidRequestError("response_format other than text is not supported yet", "response_format")
+    prompt_ids = front.tokenizer.apply_chat_template(_messages(body.get("messages")))
+    limit = typed(body, "max_completion_tokens", int) or typed(body, "max_tokens", int)
+    builder = require_ready(front)
+    params["max_new_tokens"] = limit if limit is not None else max(builder.limits.context_len - len(prompt_ids), 0)
+    k = typed(body, "top_logprobs", int, 0) if typed(body, "logprobs", bool, False) else None
+    if k is not None and not 0 <= k <= 20:
+        raise InvalidRequestError("top_logprobs must be between 0 and 20", "top_logprobs")
+    return _build(front, body, model, "chat.completion", GenerateCall(input_ids=prompt_ids), params, n, k)
+
+
+def _build(front: Front, body: dict[str, Any], model: str, kind: str, call: GenerateCall, params: dict[str, Any],
+           n: int, k: int | None) -> Call:
+    options = typed(body, "stream_options", dict, {})
+    rid = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
+    call.return_logprob, call.top_logprobs_num = k is not None, k or 0
+    specs: list[RequestSpec] = []
+    for i in range(n):
+        seeded = {**params, "seed": params["seed"] + i} if "seed" in params else params
+        call.sampling_params, call.rid = seeded, None
+        built, _ = require_ready(front).build(call)
+        specs.extend(built)
+    specs = [RequestSpec(rid if len(specs) == 1 else f"{rid}-{i}", s.prompt_ids, s.params, s.logprob)
+             for i, s in enumerate(specs)]
+    return Call(rid, model, kind, specs, k, bool(options.get("include_usage")))
+
+
+def _messages(raw: Any) -> list[dict[str, str]]:
+    if not isinstance(raw, list) or not raw:
+        raise InvalidRequestError("messages must be a non-empty array", "messages")
+    out = []
+    for m in raw:
+        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or set(m) - {"role", "content", "name"}:
+            raise InvalidRequestError("each message needs a role (system|user|assistant) and content", "messages")
+        content = m.get("content")
+        if isinstance(content, list):
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise InvalidRequestError("only text content parts are supported", "messages")
+            content = "".join(str(p.get("text", "")) for p in content)
+        if not isinstance(content, str):
+            raise InvalidRequestError("message content must be a string", "messages")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def _all_str(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
+
+
+# -- responding ------------------------------------------------------------------------
+async def _respond(front: Front, request: Request, body: dict[str, Any], call: Call) -> Response:
+    for spec in call.specs:
+        if front.client.is_live(spec.rid):
+            raise InvalidRequestError(f"rid {spec.rid!r} is already live", "rid")
+    if len(call.specs) > 1:
+        front.groups[call.rid] = [s.rid for s in call.specs]
+    if typed(body, "stream", bool, False):
+        return StreamingResponse(_stream(front, call), media_type="text/event-stream")
+    try:
+        views = await front.collect(call.specs, request)
+    finally:
+        front.groups.pop(call.rid, None)
+    if views is None:
+        return Response(status_code=499)
+    choices = [_choice(front, call, i, v) for i, v in enumerate(views)]
+    return JSONResponse(envelope(call.rid, call.kind, call.model, choices) | {"usage": usage(views)})
+
+
+def _choice(front: Front, call: Call, index: int, view: CommittedView) -> dict[str, Any]:
+    text = view.text(front.tokenizer)
+    if call.kind == "text_completion":
+        logprobs = None if call.logprobs is None else completion_logprobs(view, front.tokenizer, 0, call.logprobs)
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(view)}
+    logprobs = None if call.logprobs is None else chat_logprobs(view, front.tokenizer, 0, call.logprobs)
+    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+            "finish_reason": finish_reason(view)}
+
+
+async def _stream(front: Front, call: Call) -> AsyncIterator[bytes]:
+    chunk_kind = "text_completion" if call.kind == "text_completion" else "chat.completion.chunk"
+    views: list[CommittedView] = []
+    try:
+        for index, spec in enumerate(call.specs):  # choices stream one after another
+            view = CommittedView(spec.rid, spec.prompt_ids, spec.logprob, spec.params.skip_special_tokens)
+            views.append(view)
+            if call.kind != "text_completion":
+                first = {"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                yield sse(envelope(call.rid, chunk_kind, call.model, [first]))
+            async for piece in _choice_chunks(front, call, index, spec, view):
+                yield sse(envelope(call.rid, chunk_kind, call.model, [piece]))
+        if call.include_usage:
+            yield sse(envelope(call.rid, chunk_kind, call.model, []) | {"usage": usage(views)})
+        yield SSE_DONE
+    finally:
+        front.groups.pop(call.rid, None)
+
+
+async def _choice_chunks(front: Front, call: Call, index: int, spec: RequestSpec,
+                         view: CommittedView) -> AsyncIterator[dict[str, Any]]:
+    text = IncrementalText(front.tokenizer, spec.params.stop)
+    sent_tokens = 0
+    async for delta in front.stream(spec, view):
+        chunk = text.next_chunk(view)
+        if not chunk and delta.finish is None and not (call.logprobs is not None and delta.token_ids):
+            continue
+        piece: dict[str, Any] = {"index": index, "finish_reason": finish_reason(view)}
+        if call.kind == "text_completion":
+            piece["text"] = chunk
+            piece["logprobs"] = (None if call.logprobs is None else
+                                 completion_logprobs(view, front.tokenizer, sent_tokens, call.logprobs))
+        else:
+            piece["delta"] = {"content": chunk} if chunk else {}
+            piece["logprobs"] = (None if call.logprobs is None else
+                                 chat_logprobs(view, front.tokenizer, sent_tokens, call.logprobs))
+        sent_tokens = len(view.output_ids)
+        yield piece

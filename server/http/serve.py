@@ -1,0 +1,112 @@
+"""`tokenledger serve`: the front process. Starts the scheduler process, serves HTTP, and
+drains on SIGTERM: stop admitting (503), let running requests finish within the grace
+period, abort the rest (logged), write SERVER_STOP, exit 0. Exits 1 if the scheduler dies."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import FrameType
+
+import platformdirs
+import structlog
+import uvicorn
+from fastapi import FastAPI
+
+from server.config import ServerArgs
+from server.errors import EngineStoppedError
+from server.http.app import create_app
+from server.http.client import SchedulerClient
+from server.http.front import Front
+from server.runtime import resolve_model_dir
+from server.tokenizer import Tokenizer
+
+log = structlog.get_logger("tokenledger.serve")
+SHUTDOWN_GRACE_S = 30.0
+
+
+def configure_logging(fmt: str) -> None:
+    renderer = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
+    structlog.configure(processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"),
+                                    renderer], logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+
+
+def default_log_dir() -> Path:
+    return Path(platformdirs.user_state_dir("tokenledger")) / "log"
+
+
+class FrontServer(uvicorn.Server):
+    """SIGTERM/SIGINT start a drain instead of an immediate stop."""
+
+    def __init__(self, config: uvicorn.Config, front: Front) -> None:
+        super().__init__(config)
+        self.front = front
+        self.exit_code = 0
+        self.drain_requested = asyncio.Event()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.drain_requested.is_set():
+            super().handle_exit(sig, frame)  # a second signal: stop now
+            return
+        self.front.draining = True
+        self.drain_requested.set()
+
+
+def run_server(args: ServerArgs) -> int:
+    configure_logging(args.log_format)
+    model_dir = resolve_model_dir(args)
+    args = args.with_changes(model_path=str(model_dir))
+    log_dir = Path(args.log_dir) if args.log_dir else default_log_dir()
+    client = SchedulerClient(args, log_dir)
+    front = Front(args, client, Tokenizer(Path(args.tokenizer_path or model_dir)),
+                  args.served_model_name or model_dir.name)
+    app = create_app(front)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="on",
+                            timeout_graceful_shutdown=5)
+    server = FrontServer(config, front)
+    app.router.lifespan_context = _lifespan(server, front)
+    server.run()
+    return server.exit_code
+
+
+def _lifespan(server: FrontServer, front: Front):  # -> lifespan context factory
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            ready = await front.client.start()
+        except EngineStoppedError as exc:
+            print(f"tokenledger: error: {exc}", file=sys.stderr)
+            server.exit_code = 2
+            server.should_exit = True
+            yield
+            return
+        front.on_ready()
+        log.info("server_ready", model=ready.model_dir, log_dir=ready.log_dir, instance=ready.instance_id,
+                 host=front.args.host, port=front.args.port)
+        watcher = asyncio.create_task(_watch(server, front))
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            await front.client.shutdown(0)
+
+    return lifespan
+
+
+async def _watch(server: FrontServer, front: Front) -> None:
+    drain = asyncio.ensure_future(server.drain_requested.wait())
+    died = asyncio.ensure_future(front.client.stopped.wait())
+    await asyncio.wait({drain, died}, return_when=asyncio.FIRST_COMPLETED)
+    if died.done() and not drain.done():
+        log.error("scheduler_died", reason=front.client.failure)
+        server.exit_code = 1
+    else:
+        log.info("draining", grace_s=SHUTDOWN_GRACE_S)
+        await front.client.shutdown(SHUTDOWN_GRACE_S)
+        if front.client.failure and not front.client.stopped.is_set():
+            server.exit_code = 1
+    server.should_exit = True

@@ -1,0 +1,175 @@
+"""End to end against the real server process: native and OpenAI routes, streams, aborts,
+disconnects, concurrency, bad input and metrics."""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+
+
+def sse_events(response: httpx.Response) -> list:
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+    return events
+
+
+def model_name(server) -> str:
+    return httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
+
+
+def test_generate_stream_and_non_stream_agree(server):
+    body = {"input_ids": list(range(5, 25)), "sampling_params": GREEDY, "return_logprob": True}
+    plain = httpx.post(f"{server.url}/generate", json=body, timeout=60).json()
+    with httpx.stream("POST", f"{server.url}/generate", json=body | {"stream": True}, timeout=60) as r:
+        events = sse_events(r)
+    assert events[-1] == "[DONE]"
+    last = events[-2]
+    assert last["output_ids"] == plain["output_ids"] and last["text"] == plain["text"]
+    assert len(plain["output_ids"]) == 12 and plain["meta_info"]["finish_reason"]["type"] == "length"
+    assert [lp for lp, _, _ in last["meta_info"]["output_token_logprobs"]] == pytest.approx(
+        [lp for lp, _, _ in plain["meta_info"]["output_token_logprobs"]], abs=1e-5)
+    # Cumulative chunks: each one extends the previous.
+    ids = [e["output_ids"] for e in events[:-1]]
+    assert all(b[: len(a)] == a for a, b in zip(ids, ids[1:]))
+
+
+def test_openai_completions_and_chat_with_the_openai_package(server):
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    name = model_name(server)
+    done = client.completions.create(model=name, prompt="Once upon a time", max_tokens=8, temperature=0, logprobs=2)
+    streamed = client.completions.create(model=name, prompt="Once upon a time", max_tokens=8, temperature=0,
+                                         stream=True, stream_options={"include_usage": True})
+    chunks = list(streamed)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == done.choices[0].text
+    assert chunks[-1].usage.completion_tokens == done.usage.completion_tokens == 8
+    assert all(c.id == done.id or c.id.startswith("cmpl-") for c in chunks)
+    assert len(done.choices[0].logprobs.token_logprobs) == 8
+    chat = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=6,
+                                          temperature=0, logprobs=True, top_logprobs=2)
+    assert chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == 6
+    assert len(chat.choices[0].logprobs.content) == 6
+    two = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+                                         n=2, temperature=0.9, seed=3)
+    assert len(two.choices) == 2
+    # The response id is the rid the log knows.
+    view = httpx.get(f"{server.url}/requests/{done.id}").json()
+    assert view["rid"] == done.id and view["completion_tokens"] == 8
+
+
+def test_abort_mid_stream_ends_with_exactly_the_acknowledged_tokens(server):
+    body = {"input_ids": list(range(5, 15)), "rid": "abort-me", "stream": True,
+            "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True, "temperature": 0}}
+    with httpx.stream("POST", f"{server.url}/generate", json=body, timeout=120) as r:
+        lines = r.iter_lines()
+        for line in lines:
+            if line.startswith("data: ") and len(json.loads(line[6:])["output_ids"]) >= 3:
+                break
+        ack = httpx.post(f"{server.url}/abort_request", json={"rid": "abort-me"}, timeout=30)
+        rest = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert ack.status_code == 200, ack.text
+    answer = ack.json()
+    assert answer["status"] == "aborted" and answer["lsn"] > 0
+    final = rest[-1]
+    assert final["meta_info"]["finish_reason"]["type"] == "abort"
+    assert len(final["output_ids"]) == answer["completion_tokens"] == final["meta_info"]["completion_tokens"]
+    assert httpx.post(f"{server.url}/abort_request", json={"rid": "abort-me"}).status_code == 409
+    assert httpx.post(f"{server.url}/abort_request", json={"rid": "never-was"}).status_code == 404
+
+
+def test_client_disconnect_aborts_with_source_disconnect(server):
+    body = {"input_ids": list(range(7, 17)), "rid": "walk-away", "stream": True,
+            "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}}
+    with httpx.stream("POST", f"{server.url}/generate", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                break
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        view = httpx.get(f"{server.url}/requests/walk-away").json()
+        if view.get("status") == "aborted":
+            break
+        time.sleep(0.2)
+    assert view["status"] == "aborted" and view["abort_source"] == "disconnect"
+    assert view["finish_reason"]["type"] == "abort"
+
+
+def test_64_concurrent_streams_all_complete(server):
+    def one(i: int) -> int:
+        body = {"input_ids": list(range(3 + i, 13 + i)), "stream": True,
+                "sampling_params": {"max_new_tokens": 6, "ignore_eos": True, "temperature": 0.7, "seed": i}}
+        with httpx.stream("POST", f"{server.url}/generate", json=body, timeout=300) as r:
+            events = sse_events(r)
+        assert events[-1] == "[DONE]"
+        return len(events[-2]["output_ids"])
+
+    with concurrent.futures.ThreadPoolExecutor(64) as pool:
+        assert list(pool.map(one, range(64))) == [6] * 64
+
+
+@pytest.mark.parametrize(
+    ("route", "body", "status", "param"),
+    [
+        ("/generate", "{not json", 400, None),
+        ("/generate", [1, 2], 400, None),
+        ("/generate", {"text": "a", "input_ids": [1]}, 400, "text"),
+        ("/generate", {}, 400, "text"),
+        ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": -1}}, 400, "max_new_tokens"),
+        ("/generate", {"text": "a", "sampling_params": {"max_new_tokens": 10**9}}, 400, "max_new_tokens"),
+        ("/generate", {"text": "a", "sampling_params": {"temperature": -0.5}}, 400, "temperature"),
+        ("/generate", {"text": "a", "sampling_params": {"top_p": 0}}, 400, "top_p"),
+        ("/generate", {"text": "a", "sampling_params": {"top_k": -3}}, 400, "top_k"),
+        ("/generate", {"input_ids": [10**7]}, 400, "input_ids"),
+        ("/generate", {"input_ids": [5] * 2040, "sampling_params": {"max_new_tokens": 100}}, 400, "max_new_tokens"),
+        ("/generate", {"text": "a", "sampling_params": {"regex": "("}}, 400, "regex"),
+        ("/generate", {"text": "a", "bogus": 1}, 400, "bogus"),
+        ("/generate", {"text": "a", "return_logprob": "yes"}, 400, "return_logprob"),
+        ("/v1/completions", {"prompt": "a"}, 400, "model"),
+        ("/v1/completions", {"model": "nope", "prompt": "a"}, 400, "model"),
+        ("/v1/completions", {"model": "@", "prompt": "a", "logit_bias": {"1": 2}}, 400, "logit_bias"),
+        ("/v1/chat/completions", {"model": "@", "messages": []}, 400, "messages"),
+        ("/v1/chat/completions", {"model": "@", "messages": [{"role": "user", "content": "a"}],
+                                  "response_format": {"type": "json_schema"}}, 400, "response_format"),
+    ],
+)
+def test_bad_input_gets_a_clear_4xx_and_the_server_stays_healthy(server, route, body, status, param):
+    if isinstance(body, dict) and body.get("model") == "@":
+        body = body | {"model": model_name(server)}
+    content = body if isinstance(body, str) else json.dumps(body)
+    r = httpx.post(f"{server.url}{route}", content=content, headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["message"] and error["type"] and error["code"] == status
+    if param is not None:
+        assert error["param"] == param
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_oversized_body_is_413(server):
+    r = httpx.post(f"{server.url}/generate", content=b"x" * (9 << 20), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_metrics_show_kv_used_back_to_zero_after_a_drain(server):
+    httpx.post(f"{server.url}/generate", json={"input_ids": [5, 6, 7], "sampling_params": GREEDY}, timeout=60)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        text = httpx.get(f"{server.url}/metrics").text
+        if "tokenledger_kv_used_tokens 0.0" in text and "tokenledger_requests_running 0.0" in text:
+            break
+        time.sleep(0.1)
+    assert "tokenledger_kv_used_tokens 0.0" in text
+    for name in ("tokenledger_kv_total_tokens 16384.0", "tokenledger_generated_tokens_total",
+                 "tokenledger_wal_durable_lsn", "tokenledger_step_seconds_bucket",
+                 "tokenledger_time_to_first_token_seconds_bucket", "tokenledger_wal_group_commit_seconds_bucket",
+                 'tokenledger_aborts_total{source="api"}', "tokenledger_discarded_results_total"):
+        assert name in text, name
