@@ -111,6 +111,15 @@ def decode_value(key: bytes, value: bytes) -> Record:
     lsn = key_lsn(key)
     if len(key) != 8:
         raise CorruptRecordError(f"key is {len(key)} bytes, expected 8", lsn)
+    kind, ts_ns, rid, payload, chain_hash, body = decode_fields(lsn, value)
+    return Record(lsn, Kind(kind), ts_ns, rid, payload, chain_hash, body)
+
+
+def decode_fields(lsn: int, value: bytes) -> tuple[int, int, str | None, Payload, bytes, bytes]:
+    """`decode_value`'s checks without building a Record: (kind, ts_ns, rid, payload, chain hash, body).
+
+    For whole-log scans, where a Record and a Kind per record cost as much as the checks.
+    """
     if len(value) < HEADER_SIZE + 1:
         raise CorruptRecordError(f"value is {len(value)} bytes, shorter than a header", lsn)
     version, kind, crc, chain_hash = _HEADER.unpack_from(value)
@@ -122,7 +131,43 @@ def decode_value(key: bytes, value: bytes) -> Record:
     fields = _unpack_body(body, lsn)
     if fields[0] != lsn or fields[1] != kind:
         raise CorruptRecordError(f"body says LSN {fields[0]} kind {fields[1]}; key/header disagree", lsn)
-    return Record(lsn, Kind(kind), fields[2], fields[3], fields[4], chain_hash, body)
+    return kind, fields[2], fields[3], fields[4], chain_hash, body
+
+
+_KINDS = frozenset(int(k) for k in Kind)
+
+
+def scan_value(lsn: int, value: bytes, prev_hash: bytes) -> tuple[int, int, str | None, Payload, bytes, bool]:
+    """For whole-log scans: `decode_fields` plus the chain check against `prev_hash`, about twice as fast.
+
+    Returns (kind, ts_ns, rid, payload, chain hash, chained); payload arrays are tuples. A record
+    whose chain holds has the body and hash its CRC covers intact, so the CRC is computed only
+    when the chain does not hold (to tell damage, CorruptRecordError, from a rewrite). Every
+    other check is decode_fields', which produces the error when a fast check fails.
+    """
+    if len(value) <= HEADER_SIZE:
+        return _scan_slow(lsn, value, prev_hash)
+    version, kind, _crc32, chain_hash = _HEADER.unpack_from(value)
+    body = value[HEADER_SIZE:]
+    chained = hashlib.sha256(prev_hash + body).digest() == chain_hash
+    if not chained or version != FORMAT_VERSION:
+        return _scan_slow(lsn, value, prev_hash)
+    try:
+        fields = msgpack.unpackb(body, use_list=False)
+    except (ValueError, msgpack.UnpackException):
+        return _scan_slow(lsn, value, prev_hash)
+    if fields.__class__ is not tuple or len(fields) != _BODY_FIELDS:
+        return _scan_slow(lsn, value, prev_hash)
+    lsn_f, kind_f, ts_f, rid_f, payload_f = fields
+    if (lsn_f != lsn or kind_f != kind or kind not in _KINDS or ts_f.__class__ is not int
+            or payload_f.__class__ is not dict or not (rid_f is None or rid_f.__class__ is str)):
+        return _scan_slow(lsn, value, prev_hash)
+    return kind, ts_f, rid_f, payload_f, chain_hash, True
+
+
+def _scan_slow(lsn: int, value: bytes, prev_hash: bytes) -> tuple[int, int, str | None, Payload, bytes, bool]:
+    kind, ts_ns, rid, payload, chain_hash, body = decode_fields(lsn, value)
+    return kind, ts_ns, rid, payload, chain_hash, chain(prev_hash, body) == chain_hash
 
 
 def _unpack_body(body: bytes, lsn: int) -> list[Any]:

@@ -22,6 +22,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_engine.add_parser(bench_sub)
     bench_throughput.add_parser(bench_sub)
     bench_wal.add_parser(bench_sub)
+    from ops.logcli import add_parsers as add_logcli_parsers  # verify, replay, audit, export, salvage
+
+    add_logcli_parsers(sub)
     return parser
 
 

@@ -1,0 +1,182 @@
+"""The log's account of one request: what it was sent, what it was shown, how it ended.
+
+`audit_request(reader, rid)` is what `GET /requests/{rid}` and `tokenledger audit` print;
+`iter_audits` walks a whole log once. Built by replaying records (`commitlog.state`), so
+it is exactly what the server committed (I6). No torch, no server.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from commitlog.codec import Kind, Record
+from commitlog.reader import LogReader
+from commitlog.state import FinishReason, RequestState, apply_record, state_from_begin
+
+STATUSES = ("running", "finished", "aborted", "interrupted")
+_STATUS_OF = {FinishReason.STOP: "finished", FinishReason.LENGTH: "finished",
+              FinishReason.ABORT: "aborted", FinishReason.INTERRUPTED: "interrupted"}
+
+
+def iso_time(ns: int | None) -> str | None:
+    """UTC, microseconds, RFC 3339 (`2025-01-31T23:59:59.123456Z`)."""
+    if ns is None:
+        return None
+    return datetime.fromtimestamp(ns / 1e9, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def finish_reason_object(state: RequestState) -> dict[str, Any] | None:
+    """SGLang's `finish_reason` object, as the server returned it for this request."""
+    reason = state.finish_reason
+    if reason is None:
+        return None
+    out: dict[str, Any] = {"type": reason.value}
+    if reason is FinishReason.STOP:
+        out["matched"] = state.finish_matched
+    elif reason is FinishReason.LENGTH:
+        out["length"] = state.finish_matched
+    elif reason is FinishReason.ABORT:
+        out["message"] = state.doom_reason or "aborted"
+    return out
+
+
+@dataclass(slots=True)
+class RequestAudit:
+    """One request as the log has it. `to_dict()` is the JSON object `audit` prints."""
+
+    rid: str
+    status: str  # running | finished | aborted | interrupted
+    finish_reason: dict[str, Any] | None
+    prompt_tokens: int
+    completion_tokens: int
+    output_ids: list[int]
+    output_logprobs: list[float]
+    begin_time: str | None
+    finish_time: str | None
+    abort_source: str | None
+    abort_reason: str | None
+    abort_time: str | None
+    discarded_results: int
+    discard_reasons: list[str]
+    num_commits: int
+    kv_committed_len: int
+    sampling_params: dict[str, Any]
+    begin_lsn: int
+    last_lsn: int
+    abort_lsn: int | None
+    finish_lsn: int | None
+    finish_logged: bool  # False: no FINISH record (running, or a crash nobody has recovered yet)
+    begin_ns: int = field(default=0, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        del out["begin_ns"]
+        return out
+
+
+@dataclass(slots=True)
+class _Trail:
+    """A request being replayed, plus where its records sit in the log."""
+
+    state: RequestState
+    begin: Record
+    last_lsn: int
+    abort_lsn: int | None = None
+    finish: Record | None = None
+
+    def apply(self, record: Record) -> None:
+        apply_record(self.state, record)
+        self.last_lsn = record.lsn
+        if record.kind is Kind.ABORT_REQUESTED:
+            self.abort_lsn = self.abort_lsn or record.lsn
+        elif record.kind is Kind.FINISH:
+            self.finish = record
+
+    def audit(self, writer_alive: bool) -> RequestAudit:
+        s = self.state
+        finish = finish_reason_object(s)
+        status = _STATUS_OF[s.finish_reason] if s.finish_reason is not None else "running"
+        if self.finish is None and not writer_alive:
+            status, finish = "interrupted", {"type": FinishReason.INTERRUPTED.value}
+        return RequestAudit(
+            s.rid, status, finish, len(s.prompt_ids), len(s.output_ids), list(s.output_ids),
+            list(s.output_logprobs), iso_time(self.begin.ts_ns), iso_time(self.finish.ts_ns if self.finish else None),
+            s.doom_source.value if s.doom_source else None, s.doom_reason, iso_time(s.abort_time_ns),
+            len(s.discards), list(s.discards), s.num_commits, s.kv_committed_len, dict(s.sampling_params),
+            self.begin.lsn, self.last_lsn, self.abort_lsn, self.finish.lsn if self.finish else None,
+            self.finish is not None, self.begin.ts_ns)
+
+
+def audit_records(records: Iterable[Record], writer_alive: bool = True) -> RequestAudit | None:
+    """One request's audit from its records in LSN order; None without a BEGIN."""
+    trail: _Trail | None = None
+    for record in records:
+        if record.kind is Kind.BEGIN:
+            trail = _Trail(state_from_begin(record), record, record.lsn)
+        elif trail is not None:
+            trail.apply(record)
+    return None if trail is None else trail.audit(writer_alive)
+
+
+def audit_request(reader: LogReader, rid: str, writer_alive: bool = True) -> dict[str, Any] | None:
+    """The JSON object for `GET /requests/{rid}`; None when the log has no such request.
+
+    `writer_alive=False` (a crashed server's log, not yet reopened) reports a request with no
+    FINISH as `interrupted` instead of `running`.
+    """
+    audit = audit_records(reader.request_records(rid), writer_alive)
+    return None if audit is None else audit.to_dict()
+
+
+def iter_audits(reader: LogReader, until_lsn: int | None = None, writer_alive: bool = True,
+                progress: Callable[[int], None] | None = None) -> Iterator[RequestAudit]:
+    """Every request in one pass: finished ones as their FINISH is read, then the rest in BEGIN order.
+
+    With `until_lsn`, the log as it stood then: requests not finished by that LSN are `running`.
+    """
+    for audit, _state in iter_audit_states(reader, until_lsn, writer_alive, progress):
+        yield audit
+
+
+def iter_audit_states(reader: LogReader, until_lsn: int | None = None, writer_alive: bool = True,
+                      progress: Callable[[int], None] | None = None) -> Iterator[tuple[RequestAudit, RequestState]]:
+    """`iter_audits` with each request's full replayed state (top logprobs, hidden states...)."""
+    open_trails: dict[str, _Trail] = {}
+    alive = writer_alive or until_lsn is not None
+    for n, record in enumerate(reader.records(1, until_lsn), 1):
+        if progress is not None and n % 4096 == 0:
+            progress(record.lsn)
+        if record.rid is None:
+            continue
+        if record.kind is Kind.BEGIN:
+            open_trails[record.rid] = _Trail(state_from_begin(record), record, record.lsn)
+            continue
+        trail = open_trails.get(record.rid)
+        if trail is None:
+            continue  # its BEGIN was lost (salvage); `verify` reports it
+        trail.apply(record)
+        if record.kind is Kind.FINISH:
+            del open_trails[record.rid]
+            yield trail.audit(alive), trail.state
+    for trail in open_trails.values():
+        yield trail.audit(alive), trail.state
+
+
+def writer_alive(log_dir: str | os.PathLike[str]) -> bool:
+    """Whether a process holds the log's writer lock, read from /proc/locks without touching the lock
+    (taking it, even shared, could make a starting server fail)."""
+    lock = Path(log_dir) / "writer.lock"
+    try:
+        st = lock.stat()
+    except OSError:
+        return False  # no writer ever opened this copy of the log
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return True  # cannot tell: call nothing interrupted that may still be running
+    ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    return any(len(p) > 5 and p[1] == "FLOCK" and p[5] == ident for p in (line.split() for line in lines))

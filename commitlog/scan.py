@@ -1,0 +1,128 @@
+"""One fast pass over every record: CRC and structure, LSN contiguity and the hash chain.
+
+Unlike `LogReader.verify`, which stops at the first defect, a scan yields each record as
+plain fields and collects chain and contiguity breaks, so a checker can list them all;
+only a record it cannot decode stops it (`CorruptRecordError`). Used by `tokenledger verify`.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import lmdb
+
+from commitlog.codec import GENESIS_HASH, Payload, key_lsn, lsn_key, scan_value
+from commitlog.errors import CorruptRecordError
+from commitlog.reader import LogReader
+
+SCAN_CHUNK = 65536  # records per read txn: long-lived read txns stop LMDB from reusing pages
+ScannedRecord = tuple[int, int, int, "str | None", Payload]  # lsn, kind, ts_ns, rid, payload
+
+
+@dataclass(frozen=True, slots=True)
+class ChainBreak:
+    lsn: int
+    message: str
+
+
+@dataclass(slots=True)
+class Scan:
+    """Iterate it once; afterwards `head`, `head_lsn`, `breaks` and `watch_lsn` describe the log."""
+
+    reader: LogReader
+    start: int = 1  # scan [start, end]; a start above the checkpoint's takes its chain from start - 1
+    end: int | None = None
+    watch: bytes | None = None  # a chain hash to look for (a published head)
+    probe: int | None = None  # an LSN whose chain hash to remember (`probe_hash`)
+    progress: Callable[[int], None] | None = None  # called with the number of records read so far
+    breaks: list[ChainBreak] = field(default_factory=list)
+    num_records: int = 0
+    first_lsn: int = 0
+    head_lsn: int = 0
+    head: bytes = GENESIS_HASH
+    watch_lsn: int | None = None
+    probe_hash: bytes | None = None
+    last_lsn: int = 0
+    cut: int = 1
+    kept: dict[int, bytes] = field(default_factory=dict)
+    lost: list[int] = field(default_factory=list)  # LSNs a salvage could not copy
+
+    def __iter__(self) -> Iterator[ScannedRecord]:
+        self._start()
+        start = self.start
+        while True:
+            count = self.num_records
+            yield from self._read_chunk(start)
+            if self.progress is not None:
+                self.progress(self.num_records)
+            if self.num_records - count < SCAN_CHUNK:
+                break
+            start = self.last_lsn + 1
+        if self.start <= 1:  # the scan that covers the region below the checkpoint
+            for lsn in sorted(self.kept):
+                self.breaks.append(ChainBreak(lsn, "listed in the checkpoint as kept, but missing (record removed)"))
+
+    def _start(self) -> None:
+        cp = self.reader.checkpoint()
+        if cp is not None:
+            self.cut, self.head = int(cp.payload["start"]), bytes(cp.payload["anchor"])
+            self.kept = {int(lsn): bytes(prev) for lsn, prev in cp.payload["kept"]}
+            self.lost = [int(lsn) for lsn in cp.payload.get("lost", [])]
+        self.head_lsn = self.cut - 1
+        if self.start > self.cut:
+            self._seed_from_predecessor()
+        if self.watch is not None and self.watch == self.head:
+            self.watch_lsn = self.head_lsn
+
+    def _seed_from_predecessor(self) -> None:
+        """Take the chain from the stored hash of the last record before `start` (its own scan checks it)."""
+        with self.reader._begin() as txn, txn.cursor(self.reader.wal.records) as cur:
+            found = cur.prev() if cur.set_range(lsn_key(self.start)) else cur.last()
+            if found and key_lsn(cur.key()) >= self.cut:
+                self.head_lsn, self.head = key_lsn(cur.key()), bytes(cur.value()[6:38])
+
+    def _read_chunk(self, start: int) -> Iterator[ScannedRecord]:
+        """Up to SCAN_CHUNK records from `start`, yielded inside one read txn (not collected:
+        holding a million payloads makes the cyclic GC rescan them, tripling the cost)."""
+        lsn, count, end = start - 1, 0, self.end
+        try:
+            with self.reader._begin() as txn, txn.cursor(self.reader.wal.records) as cur:
+                if not cur.set_range(lsn_key(start)):
+                    return
+                for key, value in cur:
+                    lsn = key_lsn(key)
+                    if end is not None and lsn > end:
+                        return
+                    if len(key) != 8:
+                        raise CorruptRecordError(f"key is {len(key)} bytes, expected 8", lsn)
+                    yield self._check(lsn, value)
+                    count += 1
+                    if count >= SCAN_CHUNK:
+                        return
+        except lmdb.Error as exc:
+            raise CorruptRecordError(f"the LMDB file is damaged after this record ({exc})", lsn + 1) from None
+
+    def _check(self, lsn: int, value: bytes) -> ScannedRecord:
+        below_cut = lsn < self.cut
+        prev = self.kept.pop(lsn, None) if below_cut else self.head
+        kind, ts_ns, rid, payload, chain_hash, chained = scan_value(lsn, value, prev or GENESIS_HASH)
+        self.num_records += 1
+        self.first_lsn = self.first_lsn or lsn
+        self.last_lsn = lsn
+        if below_cut:
+            if prev is None:
+                self.breaks.append(ChainBreak(lsn, "precedes the checkpoint's start and is not listed in it (inserted)"))
+            elif not chained:
+                self.breaks.append(ChainBreak(lsn, "hash chain broken (record edited)"))
+        else:
+            if lsn != self.head_lsn + 1:
+                self.breaks.append(ChainBreak(lsn, f"LSN gap: records {self.head_lsn + 1}..{lsn - 1} removed"))
+            elif not chained:
+                self.breaks.append(ChainBreak(lsn, "hash chain broken (record edited, inserted or removed)"))
+            # Resynchronise on the stored hash so one defect is reported once, not at every later record.
+            self.head, self.head_lsn = chain_hash, lsn
+        if chain_hash == self.watch:
+            self.watch_lsn = lsn
+        if lsn == self.probe:
+            self.probe_hash = chain_hash
+        return lsn, kind, ts_ns, rid, payload
