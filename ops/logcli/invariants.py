@@ -62,8 +62,10 @@ class Violations:
 def payload_fact(kind: int, p: dict[str, Any]) -> tuple[Any, ...]:
     """The few payload fields the checks read; KeyError/TypeError mean a malformed payload."""
     if kind == _COMMIT:
-        fin = p["fin"]
-        return len(p["ids"]), len(p["lp"]), len(p["top"]), p["wm"], None if fin is None else str(fin[0])
+        fin, wm = p["fin"], p["wm"]
+        if wm is not None and wm.__class__ is not int:
+            raise TypeError(f"watermark {wm!r} is not an integer")
+        return len(p["ids"]), len(p["lp"]), len(p["top"]), wm, None if fin is None else str(fin[0])
     if kind == _FINISH:
         return str(p["reason"]), int(p["n_out"]), int(p["kv"])
     if kind == _BEGIN:
