@@ -31,6 +31,7 @@ class ServerArgs:
     tp_size: int = 1
     log_requests: bool = False
     log_format: str = "console"
+    shutdown_grace_s: float = 30.0  # on SIGTERM: how long running requests may finish
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
@@ -58,5 +59,7 @@ class ServerArgs:
             raise ConfigError(f"--log-durability must be one of {', '.join(DURABILITY_MODES)}")
         if self.tp_size != 1:
             raise ConfigError("--tp-size > 1 is not supported yet; run with --tp-size 1")
+        if self.shutdown_grace_s < 0:
+            raise ConfigError("--shutdown-grace-s must be >= 0")
         if self.log_format not in ("console", "json"):
             raise ConfigError("--log-format must be console or json")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from commitlog import FinishReason, RequestState
 from server.sampling.params import SamplingParams
+
+if TYPE_CHECKING:  # the front never needs torch; only the scheduler builds Reqs
+    import torch
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,8 @@ class Req:
 
     @classmethod
     def from_spec(cls, spec: RequestSpec) -> Req:
+        import torch
+
         assert spec.params.seed is not None, "the front assigns every request a seed"
         generator = torch.Generator().manual_seed(spec.params.seed)
         return cls(spec.rid, spec.prompt_ids, spec.params, spec.logprob, generator)

@@ -13,7 +13,7 @@ from server.config import ServerArgs
 from server.memory import ReqToTokenPool, TokenToKVPool
 from server.model_runner import ModelRunner
 from server.models.config import ModelConfig
-from server.models.demo import ensure_demo_model
+from server.models.demo import model_dir_for
 from server.models.loader import load_model, parse_dtype
 from server.request_builder import Limits
 from server.result_processing import FinishRules
@@ -37,10 +37,6 @@ class Runtime:
     log_dir: Path
 
 
-def resolve_model_dir(args: ServerArgs) -> Path:
-    return Path(args.model_path) if args.model_path else ensure_demo_model()
-
-
 def model_fingerprint(model_dir: Path) -> str:
     """Identifies the checkpoint in the log's meta table: its config and weight files' sizes."""
     digest = hashlib.sha256((model_dir / "config.json").read_bytes())
@@ -50,7 +46,7 @@ def model_fingerprint(model_dir: Path) -> str:
 
 
 def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink) -> Runtime:
-    model_dir = resolve_model_dir(args)
+    model_dir = model_dir_for(args.model_path)
     model = load_model(model_dir, parse_dtype(args.dtype))
     cfg = model.config
     tokenizer = Tokenizer(Path(args.tokenizer_path) if args.tokenizer_path else model_dir)

@@ -1,6 +1,10 @@
-"""Loading the model's tokenizer and turning output ids back into text."""
+"""The model's tokenizer. Encode/decode use the `tokenizers` library directly (fast to
+load, enough for the scheduler); the HF tokenizer, needed only for chat templates, is
+loaded on first use or ahead of time with `preload_chat`."""
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,29 +19,65 @@ PLAIN_CHAT_TEMPLATE = (
 
 class Tokenizer:
     def __init__(self, path: Path) -> None:
-        from transformers import AutoTokenizer
+        self.path = path
+        self._hf: Any = None
+        self._hf_lock = threading.Lock()
+        fast_file = path / "tokenizer.json"
+        if fast_file.is_file():
+            from tokenizers import Tokenizer as FastTokenizer
 
-        try:
-            self._tok: Any = AutoTokenizer.from_pretrained(str(path))
-        except (OSError, ValueError) as exc:
-            raise ModelLoadError(f"cannot load a tokenizer from {path}: {exc}") from exc
+            try:
+                self._fast: Any = FastTokenizer.from_file(str(fast_file))
+            except Exception as exc:  # noqa: BLE001 - any parse failure is a bad model directory
+                raise ModelLoadError(f"cannot load {fast_file}: {exc}") from exc
+            self._eos = self._configured_eos()
+        else:  # a slow-only tokenizer: everything goes through transformers
+            self._fast = None
+            self._eos = self._load_hf().eos_token_id
 
     @property
     def eos_token_id(self) -> int | None:
-        return self._tok.eos_token_id
+        return self._eos
 
     def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=True))
+        if self._fast is None:
+            return list(self._load_hf().encode(text, add_special_tokens=True))
+        return list(self._fast.encode(text, add_special_tokens=True).ids)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        return str(self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens))
-
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
-        # A tokenizer without a template gets a plain role-tagged one rather than an error.
-        template = self._tok.chat_template or PLAIN_CHAT_TEMPLATE
-        text = self._tok.apply_chat_template(messages, chat_template=template, add_generation_prompt=True,
-                                             tokenize=False)
-        return list(self._tok.encode(text, add_special_tokens=False))
+        if self._fast is None:
+            return str(self._load_hf().decode(list(ids), skip_special_tokens=skip_special_tokens))
+        return str(self._fast.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def token_text(self, token_id: int) -> str:
-        return str(self._tok.decode([token_id]))
+        return self.decode([token_id], skip_special_tokens=False)
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        hf = self._load_hf()
+        # A tokenizer without a template gets a plain role-tagged one rather than an error.
+        template = hf.chat_template or PLAIN_CHAT_TEMPLATE
+        text = hf.apply_chat_template(messages, chat_template=template, add_generation_prompt=True, tokenize=False)
+        return list(hf.encode(text, add_special_tokens=False))
+
+    def preload_chat(self) -> None:
+        threading.Thread(target=self._load_hf, name="tokenizer-preload", daemon=True).start()
+
+    def _load_hf(self) -> Any:
+        with self._hf_lock:
+            if self._hf is None:
+                from transformers import AutoTokenizer
+
+                try:
+                    self._hf = AutoTokenizer.from_pretrained(str(self.path))
+                except (OSError, ValueError) as exc:
+                    raise ModelLoadError(f"cannot load a tokenizer from {self.path}: {exc}") from exc
+            return self._hf
+
+    def _configured_eos(self) -> int | None:
+        config = self.path / "tokenizer_config.json"
+        if not config.is_file():
+            return None
+        eos = json.loads(config.read_text()).get("eos_token")
+        if isinstance(eos, dict):
+            eos = eos.get("content")
+        return self._fast.token_to_id(eos) if isinstance(eos, str) else None

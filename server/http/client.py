@@ -22,7 +22,6 @@ from server.messages import (
 )
 from server.outputs import AbortAnswer, RequestDelta
 from server.request import RequestSpec
-from server.scheduler_process import scheduler_main
 
 
 class RequestRejected(TokenLedgerError):
@@ -47,7 +46,7 @@ class SchedulerClient:
         self._pull = self._ctx.socket(zmq.PULL)
         self._pull.bind(outbound)
         self.process = multiprocessing.get_context("spawn").Process(
-            target=scheduler_main, args=(args, str(log_dir), inbound, outbound), name="tokenledger-scheduler")
+            target=scheduler_entry, args=(args, str(log_dir), inbound, outbound), name="tokenledger-scheduler")
         self.ready: ReadyMsg | None = None
         self.failure: str | None = None
         self.stopped = asyncio.Event()
@@ -57,9 +56,14 @@ class SchedulerClient:
         self._abort_futures: dict[int, asyncio.Future[list[AbortAnswer]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
-    async def start(self, timeout_s: float = 600.0) -> ReadyMsg:
-        """Starts the scheduler and waits until it has loaded the model and opened the log."""
+    def spawn(self) -> None:
+        """Starts the scheduler process; call early so its start-up overlaps the front's."""
         self.process.start()
+
+    async def start(self, timeout_s: float = 600.0) -> ReadyMsg:
+        """Waits until the scheduler has loaded the model and opened the log."""
+        if self.process.pid is None:
+            self.spawn()
         self._tasks = [asyncio.create_task(self._receive_loop()), asyncio.create_task(self._watch_process())]
         deadline = asyncio.get_running_loop().time() + timeout_s
         while self.ready is None:
@@ -173,3 +177,10 @@ class SchedulerClient:
             if not future.done():
                 future.set_exception(error)
         self._abort_futures.clear()
+
+
+def scheduler_entry(args: ServerArgs, log_dir: str, inbound: str, outbound: str) -> None:
+    """The spawned process's target: imports the scheduler (and torch) only over there."""
+    from server.scheduler_process import scheduler_main
+
+    scheduler_main(args, log_dir, inbound, outbound)

@@ -21,11 +21,11 @@ from server.errors import EngineStoppedError
 from server.http.app import create_app
 from server.http.client import SchedulerClient
 from server.http.front import Front
-from server.runtime import resolve_model_dir
+from server.models.config import ModelConfig
+from server.models.demo import model_dir_for
 from server.tokenizer import Tokenizer
 
 log = structlog.get_logger("tokenledger.serve")
-SHUTDOWN_GRACE_S = 30.0
 
 
 def configure_logging(fmt: str) -> None:
@@ -58,12 +58,15 @@ class FrontServer(uvicorn.Server):
 
 def run_server(args: ServerArgs) -> int:
     configure_logging(args.log_format)
-    model_dir = resolve_model_dir(args)
+    model_dir = model_dir_for(args.model_path)
+    ModelConfig.from_dir(model_dir)  # refuse a bad directory before starting anything
     args = args.with_changes(model_path=str(model_dir))
     log_dir = Path(args.log_dir) if args.log_dir else default_log_dir()
     client = SchedulerClient(args, log_dir)
-    front = Front(args, client, Tokenizer(Path(args.tokenizer_path or model_dir)),
-                  args.served_model_name or model_dir.name)
+    client.spawn()  # the scheduler loads the model while the front loads its tokenizer
+    tokenizer = Tokenizer(Path(args.tokenizer_path or model_dir))
+    tokenizer.preload_chat()
+    front = Front(args, client, tokenizer, args.served_model_name or model_dir.name)
     app = create_app(front)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="on",
                             timeout_graceful_shutdown=5)
@@ -105,8 +108,8 @@ async def _watch(server: FrontServer, front: Front) -> None:
         log.error("scheduler_died", reason=front.client.failure)
         server.exit_code = 1
     else:
-        log.info("draining", grace_s=SHUTDOWN_GRACE_S)
-        await front.client.shutdown(SHUTDOWN_GRACE_S)
+        log.info("draining", grace_s=front.args.shutdown_grace_s)
+        await front.client.shutdown(front.args.shutdown_grace_s)
         if front.client.failure and not front.client.stopped.is_set():
             server.exit_code = 1
     server.should_exit = True

@@ -123,3 +123,8 @@ def ensure_demo_model() -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def model_dir_for(model_path: str | None) -> Path:
+    """The directory to serve: the given one, or the built-in demo model."""
+    return Path(model_path) if model_path else ensure_demo_model()
