@@ -26,7 +26,8 @@ from server.request_builder import GenerateCall
 from server.response import CommittedView
 
 COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "seed", "n", "stream",
-                    "stream_options", "user", "ignore_eos", "frequency_penalty", "presence_penalty", "best_of"})
+                    "stream_options", "user", "ignore_eos", "frequency_penalty", "presence_penalty", "best_of",
+                    "repetition_penalty"})
 COMPLETION_FIELDS = COMMON | {"prompt", "logprobs", "echo", "suffix"}
 CHAT_FIELDS = COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens", "response_format"}
 MAX_N = 16
@@ -70,7 +71,9 @@ def _common(front: Front, body: dict[str, Any]) -> tuple[str, dict[str, Any], in
         raise InvalidRequestError("model is required", "model")
     if model != front.served_model_name:
         raise InvalidRequestError(f"model {model!r} is not served here; use {front.served_model_name!r}", "model")
-    for name, neutral in (("frequency_penalty", 0), ("presence_penalty", 0), ("best_of", 1)):
+    # Benchmark clients send these at their neutral values; anything else would change the output.
+    for name, neutral in (("frequency_penalty", 0), ("presence_penalty", 0), ("best_of", 1),
+                          ("repetition_penalty", 1)):
         if body.get(name) not in (None, neutral):
             raise InvalidRequestError(f"{name} other than {neutral} is not supported", name)
     n = typed(body, "n", int, 1)
