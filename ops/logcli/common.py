@@ -102,9 +102,11 @@ class TextDecoder:
     """Output ids to text the way the server returned it (special tokens skipped, cut at a stop string)."""
 
     def __init__(self, path: str) -> None:
-        from server.tokenizer import Tokenizer  # transformers only; no torch
+        from pathlib import Path
 
-        self._tok = Tokenizer(path)  # type: ignore[arg-type]
+        from server.tokenizer import Tokenizer  # tokenizers/transformers only; no torch
+
+        self._tok = Tokenizer(Path(path))
 
     def decode(self, ids: list[int], finish_reason: dict[str, Any] | None = None) -> str:
         text = self._tok.decode(ids)
