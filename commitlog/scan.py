@@ -82,47 +82,54 @@ class Scan:
                 self.head_lsn, self.head = key_lsn(cur.key()), bytes(cur.value()[6:38])
 
     def _read_chunk(self, start: int) -> Iterator[ScannedRecord]:
-        """Up to SCAN_CHUNK records from `start`, yielded inside one read txn (not collected:
-        holding a million payloads makes the cyclic GC rescan them, tripling the cost)."""
-        lsn, count, end = start - 1, 0, self.end
+        """Up to SCAN_CHUNK records from `start`, yielded inside one read txn.
+
+        The hot loop of `verify`: the per-record work is inlined and records are not collected
+        (holding a chunk of payloads makes the cyclic GC rescan them)."""
+        lsn, end, cut, watch, probe = start - 1, self.end, self.cut, self.watch, self.probe
+        head, head_lsn, count, first, last = self.head, self.head_lsn, 0, 0, 0
         try:
             with self.reader._begin() as txn, txn.cursor(self.reader.wal.records) as cur:
                 if not cur.set_range(lsn_key(start)):
                     return
                 for key, value in cur:
-                    lsn = key_lsn(key)
-                    if end is not None and lsn > end:
-                        return
+                    lsn = int.from_bytes(key, "big")
+                    if (end is not None and lsn > end) or count >= SCAN_CHUNK:
+                        break
                     if len(key) != 8:
                         raise CorruptRecordError(f"key is {len(key)} bytes, expected 8", lsn)
-                    yield self._check(lsn, value)
-                    count += 1
-                    if count >= SCAN_CHUNK:
-                        return
+                    if lsn < cut:
+                        kind, ts_ns, rid, payload, chain_hash = self._check_kept(lsn, value)
+                    else:
+                        kind, ts_ns, rid, payload, chain_hash, chained = scan_value(lsn, value, head)
+                        if lsn != head_lsn + 1 or not chained:
+                            self._chain_break(lsn, head_lsn, chained)
+                        head, head_lsn = chain_hash, lsn  # resynchronise: one defect, one report
+                    if chain_hash == watch:
+                        self.watch_lsn = lsn
+                    if lsn == probe:
+                        self.probe_hash = chain_hash
+                    first, last, count = first or lsn, lsn, count + 1
+                    yield lsn, kind, ts_ns, rid, payload
         except lmdb.Error as exc:
             raise CorruptRecordError(f"the LMDB file is damaged after this record ({exc})", lsn + 1) from None
+        finally:
+            self.head, self.head_lsn = head, head_lsn
+            self.num_records += count
+            self.first_lsn = self.first_lsn or first
+            self.last_lsn = last or self.last_lsn
 
-    def _check(self, lsn: int, value: bytes) -> ScannedRecord:
-        below_cut = lsn < self.cut
-        prev = self.kept.pop(lsn, None) if below_cut else self.head
+    def _check_kept(self, lsn: int, value: bytes) -> tuple[int, int, str | None, Payload, bytes]:
+        prev = self.kept.pop(lsn, None)
         kind, ts_ns, rid, payload, chain_hash, chained = scan_value(lsn, value, prev or GENESIS_HASH)
-        self.num_records += 1
-        self.first_lsn = self.first_lsn or lsn
-        self.last_lsn = lsn
-        if below_cut:
-            if prev is None:
-                self.breaks.append(ChainBreak(lsn, "precedes the checkpoint's start and is not listed in it (inserted)"))
-            elif not chained:
-                self.breaks.append(ChainBreak(lsn, "hash chain broken (record edited)"))
+        if prev is None:
+            self.breaks.append(ChainBreak(lsn, "precedes the checkpoint's start and is not listed in it (inserted)"))
+        elif not chained:
+            self.breaks.append(ChainBreak(lsn, "hash chain broken (record edited)"))
+        return kind, ts_ns, rid, payload, chain_hash
+
+    def _chain_break(self, lsn: int, head_lsn: int, chained: bool) -> None:
+        if lsn != head_lsn + 1:
+            self.breaks.append(ChainBreak(lsn, f"LSN gap: records {head_lsn + 1}..{lsn - 1} removed"))
         else:
-            if lsn != self.head_lsn + 1:
-                self.breaks.append(ChainBreak(lsn, f"LSN gap: records {self.head_lsn + 1}..{lsn - 1} removed"))
-            elif not chained:
-                self.breaks.append(ChainBreak(lsn, "hash chain broken (record edited, inserted or removed)"))
-            # Resynchronise on the stored hash so one defect is reported once, not at every later record.
-            self.head, self.head_lsn = chain_hash, lsn
-        if chain_hash == self.watch:
-            self.watch_lsn = lsn
-        if lsn == self.probe:
-            self.probe_hash = chain_hash
-        return lsn, kind, ts_ns, rid, payload
+            self.breaks.append(ChainBreak(lsn, "hash chain broken (record edited, inserted or removed)"))

@@ -138,6 +138,8 @@ class RangeChecker:
         self._open: set[str] = set()
 
     def feed(self, lsn: int, kind: int, rid: str | None, payload: dict[str, Any]) -> None:
+        if kind == _COMMIT and self._plain_commit(rid, payload):
+            return
         if (rid is None) != (kind in _SERVER_KINDS):
             self.res.violations.add(lsn, rid, "format", f"{Kind(kind).name} record with rid {rid!r}")
             return
@@ -152,6 +154,26 @@ class RangeChecker:
             self._begin(lsn, rid)
         else:
             self._record(lsn, kind, rid, fact)
+
+    def _plain_commit(self, rid: str | None, p: dict[str, Any]) -> bool:
+        """The common case, checked inline (verify's hot path): a COMMIT of a running request with
+        consistent lengths and a rising watermark. Anything else takes the full checks."""
+        req = self.res.reqs.get(rid)  # type: ignore[arg-type]
+        if req is None or req.finish_lsn is not None or req.abort_lsn is not None or req.fin_commit is not None:
+            return False
+        ids, lp, wm = p.get("ids"), p.get("lp"), p.get("wm")
+        if ids.__class__ is not tuple or lp.__class__ is not tuple or p.get("fin") is not None:
+            return False
+        num_ids, num_lp = len(ids), len(lp)
+        if (num_lp != num_ids and num_lp) or len(p.get("top", ())) not in (0, num_ids):
+            return False
+        if wm is not None:
+            if wm.__class__ is not int or wm < req.watermark:
+                return False
+            req.watermark = wm
+        req.num_out += num_ids
+        req.num_logprobs += num_lp
+        return True
 
     def _server(self, lsn: int, kind: int) -> None:
         if kind not in (Kind.SERVER_START, Kind.SERVER_STOP):
