@@ -35,9 +35,8 @@ def run(args: argparse.Namespace) -> int:
                 audits = list(iter_audits(reader, None, alive, tick))
     selected = list(_select(audits, args.status, args.since))
     if args.json:
-        out = stdout()
         for audit in sorted(selected, key=lambda a: a.begin_lsn):
-            out.print(dumps(audit.to_dict()), markup=False, highlight=False)
+            print(dumps(audit.to_dict()))
     else:
         stdout().print(request_table(selected))
     return 0

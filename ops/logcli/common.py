@@ -13,6 +13,7 @@ from typing import Any
 
 import lmdb
 from rich.console import Console
+from rich.text import Text
 
 from commitlog import CommitLogError, CorruptRecordError, LogReader
 from commitlog.errors import SALVAGE_HINT
@@ -25,7 +26,12 @@ _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def stdout() -> Console:
-    return Console(soft_wrap=True)
+    """Markup off: rids, paths and messages come from the log and must print as they are."""
+    return Console(soft_wrap=True, markup=False, highlight=False, emoji=False)
+
+
+def styled(label: str, style: str, rest: str) -> Text:
+    return Text.assemble((label, style), rest)
 
 
 def fail(message: str, code: int = EXIT_CORRUPT) -> int:

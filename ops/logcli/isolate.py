@@ -62,7 +62,7 @@ def run_isolated(tasks: list[tuple[Callable[..., Any], tuple[Any, ...]]],
         ready = wait([conns[i] for i in pending], timeout=TICK_S)
         for conn in ready:
             i = conns.index(conn)  # type: ignore[arg-type]
-            outcomes[i] = _receive(conn, procs[i])
+            outcomes[i] = _receive(conns[i], procs[i])
             pending.discard(i)
         if on_tick is not None:
             on_tick()

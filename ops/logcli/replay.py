@@ -72,9 +72,9 @@ def print_timeline(records: list[Record], decoder: TextDecoder | None, alive: bo
         return
     out.print(f"status {audit.status}, finish reason {_reason(audit.finish_reason)}, "
               f"{audit.completion_tokens} output token(s), {audit.discarded_results} discarded result(s)")
-    out.print(f"output_ids {audit.output_ids}", highlight=False)
+    out.print(f"output_ids {audit.output_ids}")
     if decoder is not None:
-        out.print(f"text {decoder.decode(audit.output_ids, audit.finish_reason)!r}", highlight=False, markup=False)
+        out.print(f"text {decoder.decode(audit.output_ids, audit.finish_reason)!r}")
 
 
 def _detail(record: Record, decoder: TextDecoder | None) -> str:

@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from commitlog import LogReader, salvage
-from ops.logcli.common import add_log_dir, dumps, fail, guarded, stdout
+from ops.logcli.common import add_log_dir, dumps, fail, guarded, stdout, styled
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,17 +29,16 @@ def run(args: argparse.Namespace) -> int:
         reader.close()
     lost = report.lost_lsns
     if args.json:
-        stdout().print(dumps({"out": str(out), "num_copied": report.num_copied, "lost_lsns": lost,
-                              "checkpoint_lsn": last}), markup=False, highlight=False)
+        print(dumps({"out": str(out), "num_copied": report.num_copied, "lost_lsns": lost, "checkpoint_lsn": last}))
         return 0
     console = stdout()
     console.print(f"copied {report.num_copied} record(s) from {args.log_dir} to {out}; "
                   f"closing CHECKPOINT at LSN {last}")
     if lost:
         shown = ", ".join(map(str, lost[:20])) + (" ..." if len(lost) > 20 else "")
-        console.print(f"[bold red]lost[/] {len(lost)} record(s): LSN {shown}", highlight=False)
+        console.print(styled("lost", "bold red", f" {len(lost)} record(s): LSN {shown}"))
         console.print("requests that had records there show up in `tokenledger verify` on the copy")
     else:
         console.print("nothing was lost")
-    console.print(f"check the copy with: tokenledger verify --log-dir {out}", highlight=False)
+    console.print(f"check the copy with: tokenledger verify --log-dir {out}")
     return 0

@@ -11,7 +11,7 @@ import argparse
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from commitlog.codec import Encoder, Entry, Kind
@@ -27,7 +27,6 @@ class _Live:
     kv: int
     num_out: int = 0
     doomed: bool = False
-    ids: list[int] = field(default_factory=list)
 
 
 def _begin(rng: random.Random, n: int, now: int) -> tuple[_Live, Entry]:
@@ -51,14 +50,11 @@ def _advance(rng: random.Random, req: _Live, now: int) -> tuple[list[Entry], boo
     req.kv += 1
     token = rng.randrange(32000)
     done = req.num_out == req.target
-    fin = None if not done else (["length", req.target] if token % 2 else ["stop", 2])
-    delta = Delta(output_ids=[token], output_logprobs=[-rng.random()], kv_committed_len=req.kv)
-    if fin is not None:
-        delta.finish_reason, delta.finish_matched = None, None
-    payload = delta.to_payload()
+    fin: list[object] | None = None if not done else (["length", req.target] if token % 2 else ["stop", 2])
+    payload = Delta(output_ids=[token], output_logprobs=[-rng.random()], kv_committed_len=req.kv).to_payload()
     payload["fin"] = fin
     entries = [Entry(Kind.COMMIT, req.rid, payload)]
-    if done:
+    if fin is not None:
         entries.append(Entry(Kind.FINISH, req.rid, {"reason": fin[0], "matched": fin[1], "n_out": req.num_out,
                                                     "kv": req.kv}))
     return entries, done

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from commitlog.audit import writer_alive
 from ops.logcli.checklog import ExpectedHead, LogCheck, check_log
-from ops.logcli.common import add_log_dir, dumps, guarded, progress_bar, salvage_command, stdout
+from ops.logcli.common import add_log_dir, dumps, guarded, progress_bar, salvage_command, stdout, styled
 
 _HEAD = re.compile(r"^(?:(\d+):)?([0-9a-fA-F]{64})$")
 SHOWN_RIDS = 20
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         report = check_log(args.log_dir, args.expect_head, args.jobs, tick)
     alive = writer_alive(args.log_dir)
     if args.json:
-        stdout().print(dumps(as_json(report, alive)), markup=False, highlight=False)
+        print(dumps(as_json(report, alive)))
     else:
         _print(report, alive)
     return report.exit_code
@@ -63,7 +63,7 @@ def as_json(report: LogCheck, alive: bool) -> dict[str, Any]:
         "violations": [{"lsn": v.lsn, "rid": v.rid, "check": v.check, "message": v.message} for v in m.violations.items],
         "error": None if failure is None else {
             "kind": failure.status, "lsn": failure.lsn, "message": failure.message,
-            "salvage_command": salvage_command(report.log_dir)},
+            "salvage_command": salvage_command(report.log_dir) if _salvageable(report) else None},
     }
 
 
@@ -71,23 +71,26 @@ def _print(report: LogCheck, alive: bool) -> None:
     out = stdout()
     if report.failure is not None:
         f = report.failure
-        where = f"first bad record: LSN {f.lsn}\n" if f.lsn is not None else ""
-        out.print(f"[bold red]CORRUPT[/] {report.log_dir}: {f.message}\n{where}"
-                  f"copy out every intact record with:\n  {salvage_command(report.log_dir)}", highlight=False)
+        label = "UNREADABLE" if f.status in ("unreadable", "internal") else "CORRUPT"
+        out.print(styled(label, "bold red", f" {report.log_dir}: {f.message}"))
+        if f.lsn is not None:
+            out.print(f"first bad record: LSN {f.lsn}")
+        if _salvageable(report):
+            out.print(f"copy out every intact record with:\n  {salvage_command(report.log_dir)}")
         return
     m = report.merged
     counts = ", ".join(f"{n} {reason}" for reason, n in sorted(m.finish_counts.items()))
     out.print(f"log       {report.log_dir}: {report.num_records} records, LSN {report.first_lsn}..{report.last_lsn}"
               + (f", checkpoint start {report.checkpoint_start}" if report.checkpoint_start > 1 else ""))
-    out.print(f"requests  {m.num_begun} begun; finished: {counts or 'none'}; "
-              f"{len(m.open)} {'running' if alive else 'unfinished (no writer: a crash not yet recovered)'}")
+    still = f"; {len(m.open)} {'running' if alive else 'unfinished, no writer: a crash not yet recovered'}"
+    out.print(f"requests  {m.num_begun} begun; finished: {counts or 'none'}{still if m.open else ''}")
     _print_rids(out, "interrupted", m.interrupted)
     _print_rids(out, "running" if alive else "unrecovered", sorted(m.open))
     if report.lost:
         out.print(f"salvaged  {len(report.lost)} record(s) were lost: LSN {_short(report.lost)}")
-    out.print(f"head      LSN {report.head_lsn} {report.head.hex()}", highlight=False)
+    out.print(f"head      LSN {report.head_lsn} {report.head.hex()}")
     if not m.violations.count:
-        out.print("[bold green]OK[/]: every record, the hash chain and every invariant hold")
+        out.print(styled("OK", "bold green", ": every record, the hash chain and every invariant hold"))
         return
     table = Table("LSN", "rid", "check", "violation", title=f"{m.violations.count} violation(s)")
     for v in m.violations.items:
@@ -97,10 +100,16 @@ def _print(report: LogCheck, alive: bool) -> None:
         out.print(f"... {m.violations.count - len(m.violations.items)} more not shown")
 
 
+def _salvageable(report: LogCheck) -> bool:
+    """Salvage copies intact records out of a readable file; a truncated or missing one it cannot help."""
+    f = report.failure
+    return f is not None and (f.lsn is not None or f.status == "crashed")
+
+
 def _print_rids(out: Any, label: str, rids: list[str]) -> None:
     if rids:
         more = f" (+{len(rids) - SHOWN_RIDS} more)" if len(rids) > SHOWN_RIDS else ""
-        out.print(f"{label:<9} {', '.join(rids[:SHOWN_RIDS])}{more}", highlight=False, markup=False)
+        out.print(f"{label:<9} {', '.join(rids[:SHOWN_RIDS])}{more}")
 
 
 def _short(lsns: list[int]) -> str:
