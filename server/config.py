@@ -7,6 +7,7 @@ from typing import Any
 from server.errors import ConfigError
 
 DURABILITY_MODES = ("fsync", "periodic", "none")
+REASONING_PARSERS = ("deepseek-r1", "qwen3")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,7 @@ class ServerArgs:
     log_requests: bool = False
     log_format: str = "console"
     shutdown_grace_s: float = 30.0  # on SIGTERM: how long running requests may finish
+    reasoning_parser: str | None = None  # deepseek-r1 | qwen3: track <think>...</think> per request
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:
@@ -61,5 +63,7 @@ class ServerArgs:
             raise ConfigError("--tp-size > 1 is not supported yet; run with --tp-size 1")
         if self.shutdown_grace_s < 0:
             raise ConfigError("--shutdown-grace-s must be >= 0")
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise ConfigError(f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}")
         if self.log_format not in ("console", "json"):
             raise ConfigError("--log-format must be console or json")

@@ -60,8 +60,16 @@ class ModelRunner:
         ends = torch.tensor(batch.extend_lens).cumsum(0)
         sampling = [i for i, s in enumerate(batch.samples) if s]
         sample_rows = (ends[sampling] - 1) if sampling else torch.zeros(0, dtype=torch.int64)
+        logits = self.model.logits(hidden[sample_rows])
+        # Constrained requests: their matchers hold every committed token (the scheduler never
+        # launches one with a token pending), so the mask is exact for this step.
+        grammars = [batch.reqs[i].grammar if batch.reqs[i].is_grammar_active else None for i in sampling]
+        if any(g is not None for g in grammars):
+            from server.grammar.mask import apply_grammar_masks
+
+            apply_grammar_masks(logits, grammars)
         sampled = sample(
-            self.model.logits(hidden[sample_rows]), [batch.reqs[i].params for i in sampling],
+            logits, [batch.reqs[i].params for i in sampling],
             [batch.reqs[i].generator for i in sampling], batch.top_logprobs_max,
         )
         hidden_rows = [int(sample_rows[j]) for j, i in enumerate(sampling) if batch.reqs[i].logprob.return_hidden_states]

@@ -17,6 +17,7 @@ class RequestDelta:
     hidden_states: list[list[float]] = field(default_factory=list)
     finish: dict[str, Any] | None = None  # SGLang's finish_reason object, once finished
     completion_tokens: int = 0  # committed output length after this delta
+    reasoning_tokens: int = 0  # committed reasoning tokens after this delta (--reasoning-parser)
 
 
 class AbortStatus(str, enum.Enum):

@@ -3,10 +3,13 @@ the scheduling bookkeeping that runs ahead of it while results are pending."""
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from commitlog import FinishReason, RequestState
+from server.grammar.matcher import RequestGrammar
+from server.grammar.reasoning import ReasoningParser
 from server.sampling.params import SamplingParams
 
 if TYPE_CHECKING:  # the front never needs torch; only the scheduler builds Reqs
@@ -32,7 +35,9 @@ def finish_reason_dict(state: RequestState) -> dict[str, object] | None:
     elif reason is FinishReason.LENGTH:
         out["length"] = state.finish_matched
     elif reason is FinishReason.ABORT:
-        out["message"] = state.doom_reason or "aborted"
+        # An abort the server decided (a grammar that rejected a token) carries its reason as `matched`.
+        matched = state.finish_matched if isinstance(state.finish_matched, str) else None
+        out["message"] = state.doom_reason or matched or "aborted"
     return out
 
 
@@ -67,6 +72,10 @@ class Req:
     future_slot: int = -1  # where the latest in-flight token is published
     finish_time: float | None = None
     abort_lsn: int | None = None
+    # Structured output: the compile in flight (not admitted until done), then the matcher.
+    grammar_future: Future[Any] | None = None
+    grammar: RequestGrammar | None = None
+    reasoning: ReasoningParser | None = None  # the server's parser; None: no reasoning tracked
 
     @classmethod
     def from_spec(cls, spec: RequestSpec) -> Req:
@@ -96,6 +105,11 @@ class Req:
     def scheduled_tokens(self) -> int:
         """Output tokens committed or already being produced by a launched forward."""
         return len(self.state.output_ids) + self.inflight_tokens
+
+    @property
+    def is_grammar_active(self) -> bool:
+        """Is the next token masked? A reasoning request is unconstrained until its thinking ends."""
+        return self.grammar is not None and (self.reasoning is None or self.state.is_reasoning_ended)
 
     @property
     def wants_input_logprobs(self) -> bool:

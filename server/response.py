@@ -30,6 +30,7 @@ class CommittedView:
     hidden_states: list[list[float]] = field(default_factory=list)
     finish: dict[str, Any] | None = None
     e2e_latency: float = 0.0
+    reasoning_tokens: int = 0  # the first `reasoning_tokens` output ids are reasoning (thinking)
 
     @classmethod
     def of(cls, req: Req) -> CommittedView:
@@ -37,7 +38,8 @@ class CommittedView:
         hidden = [np.frombuffer(b, dtype=np.float32).tolist() for b in s.hidden_states]
         return cls(req.rid, req.prompt_ids, req.logprob, req.params.skip_special_tokens, list(s.output_ids),
                    list(s.output_logprobs), [list(t) for t in s.output_top_logprobs], list(s.input_logprobs),
-                   hidden, finish_reason_dict(s), (req.finish_time or req.arrival_time) - req.arrival_time)
+                   hidden, finish_reason_dict(s), (req.finish_time or req.arrival_time) - req.arrival_time,
+                   s.num_reasoning_tokens)
 
     def apply(self, delta: RequestDelta) -> None:
         self.output_ids.extend(delta.token_ids)
@@ -45,14 +47,20 @@ class CommittedView:
         self.output_top_logprobs.extend([[(int(t), float(lp)) for t, lp in top] for top in delta.top_logprobs])
         self.input_logprobs.extend(delta.input_logprobs)
         self.hidden_states.extend(delta.hidden_states)
+        self.reasoning_tokens = max(self.reasoning_tokens, delta.reasoning_tokens)
         if delta.finish is not None:
             self.finish = delta.finish
 
-    def text(self, tokenizer: Tokenizer) -> str:
-        text = tokenizer.decode(self.output_ids, self.skip_special_tokens)
+    def text(self, tokenizer: Tokenizer, start: int = 0) -> str:
+        """The output text from output token `start` on, trimmed at a matched stop string."""
+        text = tokenizer.decode(self.output_ids[start:], self.skip_special_tokens)
         finish = self.finish or {}
         reason = FinishReason(finish["type"]) if finish else None
         return trim_at_stop(text, reason, finish.get("matched"))
+
+    def reasoning_text(self, tokenizer: Tokenizer) -> str:
+        """The reasoning (thinking) part, without its <think> markers."""
+        return tokenizer.decode(self.output_ids[: self.reasoning_tokens], skip_special_tokens=True).strip()
 
 
 def format_output(view: CommittedView, tokenizer: Tokenizer) -> dict[str, Any]:
@@ -62,6 +70,7 @@ def format_output(view: CommittedView, tokenizer: Tokenizer) -> dict[str, Any]:
         "prompt_tokens": len(view.prompt_ids),
         "completion_tokens": len(view.output_ids),
         "cached_tokens": 0,
+        "reasoning_tokens": view.reasoning_tokens,
         "e2e_latency": view.e2e_latency,
     }
     if view.logprob.return_logprob:

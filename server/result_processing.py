@@ -3,8 +3,11 @@
 This is the commit boundary. For each request, in packed order: claim its segment of
 every packed field (the cursors advance whether or not anything is applied, I3), open a
 transaction, stage every mutation — input logprobs, KV watermark, token, logprobs,
-hidden state, finish — then commit. A doomed (aborted) request's commit rolls back:
-nothing is applied, a DISCARD and a FINISH(abort) are logged (I1, I2).
+hidden state, reasoning count, grammar acceptance, finish — then commit. A doomed
+(aborted) request's commit rolls back: nothing is applied, the grammar matcher is rolled
+back, a DISCARD and a FINISH(abort) are logged (I1, I2). A token the grammar rejects is
+never committed: the transaction rolls back and the request finishes with an abort that
+says why.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from commitlog import BatchCursors, FinishReason, Outcome, RequestTxn, Step
+from commitlog import BatchCursors, FinishReason, Ledger, Outcome, RequestTxn
 from server.finish import Detokenize, check_finish
 from server.forward_batch import BatchResult, ForwardBatch
 from server.outputs import RequestDelta
@@ -27,9 +30,10 @@ class FinishRules:
 
 
 def process_extend_result(
-    batch: ForwardBatch, result: BatchResult, step: Step, rules: FinishRules, out: list[RequestDelta]
+    batch: ForwardBatch, result: BatchResult, ledger: Ledger, rules: FinishRules, out: list[RequestDelta]
 ) -> list[Req]:
     """Returns the requests this result finished (a committed finish or an abort)."""
+    step = ledger.step()
     cursors = BatchCursors.start()
     finished: list[Req] = []
     for i, req in enumerate(batch.reqs):
@@ -38,32 +42,34 @@ def process_extend_result(
                                    len(batch.input_logprob_targets[i]))
         if req.is_finished:
             continue  # finished while this result was pending: its segment is skipped, unlogged
-        txn = step.open(req.rid)
+        txn = step.open(req.rid, req.grammar)
         delta = RequestDelta(rid=req.rid, input_logprobs=result.input_logprobs[ilp])
         if delta.input_logprobs:
             txn.add_input_logprobs(delta.input_logprobs)
         txn.advance_watermark(req.state.kv_committed_len + batch.extend_lens[i])
+        rejected = None
         if samples:  # the final chunk; a middle chunk commits only its progress
-            _stage_sampled(txn, req, result, lp.start, hs.start if hs.stop > hs.start else None, rules, delta)
-        if _commit(txn, req, delta, out):
+            rejected = _stage_sampled(txn, req, result, lp.start, hs.start if hs.stop > hs.start else None, rules, delta)
+        if _commit(txn, req, delta, out, ledger, rejected):
             finished.append(req)
     return finished
 
 
 def process_decode_result(
-    batch: ForwardBatch, result: BatchResult, step: Step, rules: FinishRules, out: list[RequestDelta]
+    batch: ForwardBatch, result: BatchResult, ledger: Ledger, rules: FinishRules, out: list[RequestDelta]
 ) -> list[Req]:
+    step = ledger.step()
     cursors = BatchCursors.start()
     finished: list[Req] = []
     for req in batch.reqs:
         lp, hs, _ = cursors.take(1, int(req.logprob.return_hidden_states))
         if req.is_finished:
             continue
-        txn = step.open(req.rid)
+        txn = step.open(req.rid, req.grammar)
         delta = RequestDelta(rid=req.rid)
         txn.advance_watermark(req.state.kv_committed_len + 1)
-        _stage_sampled(txn, req, result, lp.start, hs.start if hs.stop > hs.start else None, rules, delta)
-        if _commit(txn, req, delta, out):
+        rejected = _stage_sampled(txn, req, result, lp.start, hs.start if hs.stop > hs.start else None, rules, delta)
+        if _commit(txn, req, delta, out, ledger, rejected):
             finished.append(req)
     return finished
 
@@ -71,7 +77,8 @@ def process_decode_result(
 def _stage_sampled(
     txn: RequestTxn, req: Req, result: BatchResult, i: int, hidden: int | None, rules: FinishRules,
     delta: RequestDelta,
-) -> None:
+) -> str | None:
+    """Stages the sampled token and what follows from it; returns why the grammar rejected it, if it did."""
     if hidden is not None:
         row = result.hidden_states[hidden]
         txn.add_hidden_state(row.numpy().astype(np.float32).tobytes())
@@ -79,7 +86,7 @@ def _stage_sampled(
     if req.params.max_new_tokens == 0:
         # Prompt-only request: the prefill ran for its input logprobs; no token is kept.
         txn.set_finish(FinishReason.LENGTH, 0)
-        return
+        return None
     token = result.next_token_ids[i]
     logprob = top = None
     if req.logprob.return_logprob:
@@ -92,17 +99,32 @@ def _stage_sampled(
         delta.logprobs.append(logprob)
     if top is not None:
         delta.top_logprobs.append(top)
+    masked = req.is_grammar_active  # decided on the committed state, as the sampler's mask was
+    if req.reasoning is not None and (reasoning := req.reasoning.step(req.state, token)) is not None:
+        txn.add_reasoning(*reasoning)
+    if masked and not txn.accept_grammar(token):
+        return f"grammar rejected token {token} ({rules.detokenize([token])!r}) after {len(req.output_ids)} output token(s)"
     finish = check_finish([*req.output_ids, token], req.prompt_len, req.params, rules.eos_ids,
                           rules.context_len, rules.detokenize)
+    if finish is None and masked and req.grammar is not None and req.grammar.is_terminated:
+        finish = (FinishReason.STOP, token)  # the grammar is complete (its stop token accepted)
     if finish is not None:
         txn.set_finish(*finish)
+    return None
 
 
-def _commit(txn: RequestTxn, req: Req, delta: RequestDelta, out: list[RequestDelta]) -> bool:
-    """Commits (or, if doomed, rolls back) and queues the delta; True if the request finished."""
-    if txn.commit() is Outcome.DISCARDED:
+def _commit(txn: RequestTxn, req: Req, delta: RequestDelta, out: list[RequestDelta], ledger: Ledger,
+            rejected: str | None) -> bool:
+    """Commits (or, if doomed or rejected, rolls back) and queues the delta; True if the request finished."""
+    if rejected is not None:
+        txn.rollback(rejected)
+        if not req.state.is_finished:  # a doomed request was finished by the rollback already
+            ledger.finish(req.rid, FinishReason.ABORT, rejected)
+        delta = RequestDelta(rid=req.rid)
+    elif txn.commit() is Outcome.DISCARDED:
         delta = RequestDelta(rid=req.rid)  # nothing of the staged result reaches the client
     delta.completion_tokens = len(req.state.output_ids)
+    delta.reasoning_tokens = req.state.num_reasoning_tokens
     delta.finish = finish_reason_dict(req.state)
     out.append(delta)
     return req.state.is_finished

@@ -10,6 +10,8 @@ import torch
 
 from commitlog import Durability, Ledger, WalConfig
 from server.config import ServerArgs
+from server.grammar.compiler import GrammarCompiler
+from server.grammar.reasoning import THINK_END, THINK_START, ReasoningParser
 from server.memory import ReqToTokenPool, TokenToKVPool
 from server.model_runner import ModelRunner
 from server.models.config import ModelConfig
@@ -59,9 +61,12 @@ def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink) -> Runtime:
     policy = SchedulePolicy(args.max_running_requests, args.chunked_prefill_size, args.max_prefill_tokens,
                             context_len, overlap=not args.disable_overlap_schedule)
     runner = ModelRunner(model, kv_pool, policy.future_slots)
+    grammars = GrammarCompiler(tokenizer.hf_tokenizer, cfg.vocab_size, sorted(eos))
+    reasoning = (ReasoningParser.create(args.reasoning_parser, tokenizer.token_id(THINK_START),
+                                        tokenizer.token_id(THINK_END)) if args.reasoning_parser else None)
     ledger = Ledger.open(log_dir, WalConfig(durability=Durability(args.log_durability)), model_fingerprint(model_dir))
     rules = FinishRules(frozenset(eos), context_len, tokenizer.decode)
-    scheduler = Scheduler(policy, runner, req_pool, kv_pool, ledger, rules, sink)
+    scheduler = Scheduler(policy, runner, req_pool, kv_pool, ledger, rules, sink, grammars, reasoning)
     limits = Limits(vocab_size=cfg.vocab_size, context_len=context_len, kv_capacity=kv_pool.capacity)
     return Runtime(args, model_dir, cfg, tokenizer, scheduler, limits, log_dir)
 

@@ -6,16 +6,25 @@ result. Tests drive the same pieces one at a time (`launch_next`, `process_oldes
 `flush`) to stop inside that window. Every result goes through `result_processing`, the
 commit boundary; every step's records are one group, and its deltas reach the output
 side only from the group's durable callback (write-ahead, I5).
+
+Structured output: a constrained request's mask for step N+1 needs step N's token accepted
+by its matcher, which happens only when step N's result commits. So such a request never
+decodes while a token of it is pending (`_can_decode`), and `run_step` processes pending
+results before launching whenever a constrained request is waiting on one: those steps run
+without overlap, which keeps their output identical to the non-overlap schedule.
 """
 from __future__ import annotations
 
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, wait
 
 from commitlog import DoomSource, FinishReason, Ledger
 from server.batch_builder import BatchBuilder
 from server.forward_batch import ForwardBatch, ForwardMode
+from server.grammar.compiler import GrammarCompiler
+from server.grammar.reasoning import ReasoningParser
 from server.memory import ReqToTokenPool, TokenToKVPool
 from server.model_runner import ForwardHandle, ModelRunner
 from server.outputs import AbortAnswer, AbortStatus, RequestDelta
@@ -32,7 +41,8 @@ AbortReply = Callable[[AbortAnswer, "BaseException | None"], None]
 class Scheduler:
     def __init__(
         self, policy: SchedulePolicy, runner: ModelRunner, req_pool: ReqToTokenPool, kv_pool: TokenToKVPool,
-        ledger: Ledger, rules: FinishRules, sink: DeltaSink,
+        ledger: Ledger, rules: FinishRules, sink: DeltaSink, grammars: GrammarCompiler | None = None,
+        reasoning: ReasoningParser | None = None,
     ) -> None:
         self.policy = policy
         self.runner = runner
@@ -44,6 +54,7 @@ class Scheduler:
         self.builder = BatchBuilder(req_pool, kv_pool, policy.future_slots)
         self.reqs: dict[str, Req] = {}  # every live request: waiting, prefilling or decoding
         self.waiting: deque[Req] = deque()
+        self.compiling: list[Req] = []  # constrained requests whose grammar is being compiled
         self.running: list[Req] = []  # prefill fully launched: candidates for decode
         self.chunked_req: Req | None = None  # mid-way through a chunked prefill
         self.inflight: deque[ForwardHandle] = deque()  # launched, result not yet processed
@@ -51,13 +62,26 @@ class Scheduler:
         self.reserved_tokens = 0
         self.stats = StepStats()
         self.counters = SchedulerCounters()
+        self.grammars = grammars  # None: constrained requests are refused at add_request
+        self.reasoning = reasoning
+        self.num_grammar_syncs = 0  # steps that processed results early for a constrained request
 
     # -- arrivals -------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
-        """Logs BEGIN; the caller has checked that the rid is not live."""
-        req.state = self.ledger.begin(req.rid, req.prompt_ids, req.begin_params())
+        """Logs BEGIN; the caller has checked that the rid is not live. A constrained request
+        waits for its grammar, compiled off this thread, before it can be admitted."""
+        spec = req.params.grammar
+        req.reasoning = self.reasoning
+        req.state = self.ledger.begin(req.rid, req.prompt_ids, req.begin_params(),
+                                      grammar_spec=spec.to_log() if spec else None)
         self.reqs[req.rid] = req
-        self.waiting.append(req)
+        if spec is None:
+            self.waiting.append(req)
+        elif self.grammars is None:
+            self._finish_now(req, "structured output is not available on this server")
+        else:
+            req.grammar_future = self.grammars.submit(spec)
+            self.compiling.append(req)
 
     @property
     def is_idle(self) -> bool:
@@ -66,11 +90,17 @@ class Scheduler:
     # -- the loop -------------------------------------------------------------------
     def run_step(self) -> None:
         """One iteration: launch the next forward, process the result it overtook, flush."""
+        if self.inflight and self._grammar_waits_on_pending():
+            self.num_grammar_syncs += 1
+            while self.inflight:
+                self.process_oldest()
         launched = self.launch_next()
         keep = 1 if (self.policy.overlap and launched) else 0
         while len(self.inflight) > keep:
             self.process_oldest()
         self.flush()
+        if launched is None and not self.inflight:
+            self._wait_for_grammars()
 
     def launch_next(self) -> ForwardHandle | None:
         batch = self.next_batch()
@@ -94,7 +124,7 @@ class Scheduler:
             req.inflight_batches -= 1
             req.inflight_tokens -= sampled
         process = process_extend_result if batch.mode is ForwardMode.EXTEND else process_decode_result
-        for req in process(batch, result, self.ledger.step(), self.rules, self.outbox):
+        for req in process(batch, result, self.ledger, self.rules, self.outbox):
             self.counters.discarded_results += req.is_doomed
             self._on_finished(req)
 
@@ -112,6 +142,7 @@ class Scheduler:
 
     # -- batch selection: the admission guard lives here ----------------------------
     def next_batch(self) -> ForwardBatch | None:
+        self._poll_grammars()
         extend = self._admit_for_extend()
         if extend:
             batch = self.builder.extend(extend)
@@ -126,9 +157,11 @@ class Scheduler:
     def _can_decode(self, req: Req) -> bool:
         # I2: a doomed request never enters a new batch (no optimistic step, no KV slot).
         # Length limits are known ahead, so no token the finish check would refuse is scheduled.
+        # A constrained request's mask needs its previous token accepted, i.e. committed.
         n = req.scheduled_tokens
         return (not req.is_doomed and not req.is_finished and n < req.params.max_new_tokens
-                and req.prompt_len + n < self.policy.context_len)
+                and req.prompt_len + n < self.policy.context_len
+                and not (req.grammar is not None and req.inflight_tokens))
 
     def _admit_for_extend(self) -> list[tuple[Req, int]]:
         budget = self.policy.prefill_budget
@@ -174,6 +207,8 @@ class Scheduler:
             # Waiting, or admitted with no result pending: nothing can arrive for it, finish now.
             if req in self.waiting:
                 self.waiting.remove(req)
+            if req in self.compiling:
+                self.compiling.remove(req)
             self.ledger.finish(rid, FinishReason.ABORT)
             self.outbox.append(RequestDelta(rid, finish=finish_reason_dict(req.state),
                                             completion_tokens=len(req.output_ids)))
@@ -194,6 +229,35 @@ class Scheduler:
         except Exception:  # no record of it in the log: never begun here
             return AbortAnswer(rid, AbortStatus.UNKNOWN)
         return AbortAnswer(rid, AbortStatus.ALREADY_FINISHED, len(state.output_ids), finish=finish_reason_dict(state))
+
+    # -- grammars -------------------------------------------------------------------
+    def _poll_grammars(self) -> None:
+        """Compiled grammars become matchers and their requests join the waiting queue."""
+        for req in [r for r in self.compiling if r.grammar_future is not None and r.grammar_future.done()]:
+            self.compiling.remove(req)
+            future, req.grammar_future = req.grammar_future, None
+            assert self.grammars is not None and future is not None
+            try:
+                req.grammar = self.grammars.matcher(future.result())
+            except Exception as exc:  # noqa: BLE001 - a compile failure ends this request only
+                self._finish_now(req, f"grammar compilation failed: {exc}")
+                continue
+            self.waiting.append(req)
+
+    def _wait_for_grammars(self) -> None:
+        # Nothing to run but compiles: wait for one instead of spinning the loop.
+        futures = [r.grammar_future for r in self.compiling if r.grammar_future is not None]
+        if futures and not self.waiting:
+            wait(futures, timeout=0.05, return_when=FIRST_COMPLETED)
+
+    def _grammar_waits_on_pending(self) -> bool:
+        return any(r.grammar is not None and r.inflight_tokens and not r.is_doomed for r in self.running)
+
+    def _finish_now(self, req: Req, reason: str) -> None:
+        """Ends a request that never ran (no forward, no KV): FINISH(abort) with the reason."""
+        self.ledger.finish(req.rid, FinishReason.ABORT, reason)
+        self.outbox.append(RequestDelta(req.rid, finish=finish_reason_dict(req.state), completion_tokens=0))
+        self._on_finished(req)
 
     # -- finishing ------------------------------------------------------------------
     def _on_finished(self, req: Req) -> None:

@@ -52,6 +52,18 @@ class Tokenizer:
     def token_text(self, token_id: int) -> str:
         return self.decode([token_id], skip_special_tokens=False)
 
+    def token_id(self, token: str) -> int | None:
+        """The id of one vocabulary entry (e.g. a special token), or None if it has none."""
+        if self._fast is None:
+            found = self._load_hf().convert_tokens_to_ids(token)
+            return None if found is None or found == self._load_hf().unk_token_id else int(found)
+        found = self._fast.token_to_id(token)
+        return None if found is None else int(found)
+
+    def hf_tokenizer(self) -> Any:
+        """The transformers tokenizer (loaded on first use): xgrammar builds its vocabulary from it."""
+        return self._load_hf()
+
     def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
         hf = self._load_hf()
         # A tokenizer without a template gets a plain role-tagged one rather than an error.
