@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 
-from server.forward_batch import ForwardMode
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -41,6 +40,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _prefill(engine, prompt_len: int, n: int) -> float:
+    from server.forward_batch import ForwardMode  # torch: only when a benchmark really runs
+
     prompts = [[(7 * i + j) % 1000 + 5 for j in range(prompt_len)] for i in range(n)]
     engine.generate(input_ids=prompts[:1], sampling_params={"max_new_tokens": 1})  # warm-up
     stats = engine.scheduler.stats
@@ -50,6 +51,8 @@ def _prefill(engine, prompt_len: int, n: int) -> float:
 
 
 def _decode(engine, batch: int, new_tokens: int) -> float:
+    from server.forward_batch import ForwardMode
+
     prompts = [[(11 * i + j) % 1000 + 5 for j in range(16)] for i in range(batch)]
     params = {"max_new_tokens": new_tokens, "temperature": 0, "ignore_eos": True}
     stats = engine.scheduler.stats

@@ -1,6 +1,7 @@
 """Starts the real `tokenledger serve` in its own process on a free port, for end-to-end tests."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -27,8 +28,9 @@ class ServerProcess:
         cmd = [sys.executable, "-m", "ops.cli", "serve", "--model-path", str(model_dir), "--port", str(self.port),
                "--log-dir", str(log_dir), "--max-total-tokens", "16384", "--max-running-requests", "64",
                "--chunked-prefill-size", "64", *extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(self.stderr_path, "w"),
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        # Its own process group, so a test can kill -9 the front and the scheduler together.
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(self.stderr_path, "a"),
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
 
     def wait_healthy(self, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
@@ -51,7 +53,12 @@ class ServerProcess:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
 
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
+    def kill_all(self) -> None:
+        """kill -9 of the whole server: front and scheduler, no chance to write anything."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+        # The scheduler is gone once nobody holds the log's writer lock any more.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and os.system(f"pgrep -g {self.proc.pid} > /dev/null") == 0:
+            time.sleep(0.05)
