@@ -142,7 +142,7 @@ class Scheduler:
 
     # -- batch selection: the admission guard lives here ----------------------------
     def next_batch(self) -> ForwardBatch | None:
-        self._poll_grammars()
+        self.admit_compiled_grammars()
         extend = self._admit_for_extend()
         if extend:
             batch = self.builder.extend(extend)
@@ -231,7 +231,7 @@ class Scheduler:
         return AbortAnswer(rid, AbortStatus.ALREADY_FINISHED, len(state.output_ids), finish=finish_reason_dict(state))
 
     # -- grammars -------------------------------------------------------------------
-    def _poll_grammars(self) -> None:
+    def admit_compiled_grammars(self) -> None:
         """Compiled grammars become matchers and their requests join the waiting queue."""
         for req in [r for r in self.compiling if r.grammar_future is not None and r.grammar_future.done()]:
             self.compiling.remove(req)

@@ -6,6 +6,7 @@ and aborting `id` aborts them all. Fields we do not implement are refused by nam
 """
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -16,6 +17,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from server.errors import InvalidRequestError
+from server.grammar.spec import GrammarKind, GrammarSpec, check_syntax
 from server.http.bodies import json_object, typed
 from server.http.front import Front, require_ready
 from server.http.incremental import IncrementalText
@@ -101,9 +103,9 @@ def _completion_call(front: Front, body: dict[str, Any]) -> Call:
 
 def _chat_call(front: Front, body: dict[str, Any]) -> Call:
     model, params, n = _common(front, body)
-    fmt = typed(body, "response_format", dict)
-    if fmt is not None and fmt.get("type") != "text":
-        raise InvalidRequestError("response_format other than text is not supported yet", "response_format")
+    schema = _response_schema(typed(body, "response_format", dict))
+    if schema is not None:
+        params["json_schema"] = schema
     prompt_ids = front.tokenizer.apply_chat_template(_messages(body.get("messages")))
     limit = typed(body, "max_completion_tokens", int) or typed(body, "max_tokens", int)
     builder = require_ready(front)
@@ -112,6 +114,27 @@ def _chat_call(front: Front, body: dict[str, Any]) -> Call:
     if k is not None and not 0 <= k <= 20:
         raise InvalidRequestError("top_logprobs must be between 0 and 20", "top_logprobs")
     return _build(front, body, model, "chat.completion", GenerateCall(input_ids=prompt_ids), params, n, k)
+
+
+def _response_schema(fmt: dict[str, Any] | None) -> str | None:
+    """OpenAI's response_format as a JSON schema string (None: plain text)."""
+    kind = None if fmt is None else fmt.get("type")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return json.dumps({"type": "object"})
+    if kind != "json_schema":
+        raise InvalidRequestError("response_format.type must be text, json_object or json_schema", "response_format")
+    spec = fmt.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise InvalidRequestError("response_format.json_schema.schema must be a JSON schema object", "response_format")
+    source = json.dumps(schema)
+    try:
+        check_syntax(GrammarSpec(GrammarKind.JSON_SCHEMA, source))
+    except InvalidRequestError as exc:
+        raise InvalidRequestError(f"response_format: {exc}", "response_format") from None
+    return source
 
 
 def _build(front: Front, body: dict[str, Any], model: str, kind: str, call: GenerateCall, params: dict[str, Any],
@@ -177,8 +200,11 @@ def _choice(front: Front, call: Call, index: int, view: CommittedView) -> dict[s
         logprobs = None if call.logprobs is None else completion_logprobs(view, front.tokenizer, 0, call.logprobs)
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(view)}
     logprobs = None if call.logprobs is None else chat_logprobs(view, front.tokenizer, 0, call.logprobs)
-    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
-            "finish_reason": finish_reason(view)}
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if front.args.reasoning_parser:
+        message["content"] = view.text(front.tokenizer, view.reasoning_tokens)
+        message["reasoning_content"] = view.reasoning_text(front.tokenizer) or None
+    return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason(view)}
 
 
 async def _stream(front: Front, call: Call) -> AsyncIterator[bytes]:
@@ -203,10 +229,12 @@ async def _stream(front: Front, call: Call) -> AsyncIterator[bytes]:
 async def _choice_chunks(front: Front, call: Call, index: int, spec: RequestSpec,
                          view: CommittedView) -> AsyncIterator[dict[str, Any]]:
     text = IncrementalText(front.tokenizer, spec.params.stop)
+    thinking = IncrementalText(front.tokenizer, ()) if front.args.reasoning_parser else None
     sent_tokens = 0
     async for delta in front.stream(spec, view):
-        chunk = text.next_chunk(view)
-        if not chunk and delta.finish is None and not (call.logprobs is not None and delta.token_ids):
+        think = thinking.next_chunk(_Part(view, True)) if thinking else ""  # type: ignore[arg-type]
+        chunk = text.next_chunk(_Part(view, False) if thinking else view)  # type: ignore[arg-type]
+        if not (chunk or think) and delta.finish is None and not (call.logprobs is not None and delta.token_ids):
             continue
         piece: dict[str, Any] = {"index": index, "finish_reason": finish_reason(view)}
         if call.kind == "text_completion":
@@ -214,8 +242,25 @@ async def _choice_chunks(front: Front, call: Call, index: int, spec: RequestSpec
             piece["logprobs"] = (None if call.logprobs is None else
                                  completion_logprobs(view, front.tokenizer, sent_tokens, call.logprobs))
         else:
-            piece["delta"] = {"content": chunk} if chunk else {}
+            piece["delta"] = ({"content": chunk} if chunk else {}) | ({"reasoning_content": think} if think else {})
             piece["logprobs"] = (None if call.logprobs is None else
                                  chat_logprobs(view, front.tokenizer, sent_tokens, call.logprobs))
         sent_tokens = len(view.output_ids)
         yield piece
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One side of a reasoning response (thinking or answer), shaped for IncrementalText."""
+
+    view: CommittedView
+    reasoning: bool
+
+    @property
+    def finish(self) -> dict[str, Any] | None:
+        return self.view.finish
+
+    def text(self, tokenizer: Any) -> str:
+        if self.reasoning:
+            return self.view.reasoning_text(tokenizer)
+        return self.view.text(tokenizer, self.view.reasoning_tokens)
