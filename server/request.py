@@ -109,7 +109,7 @@ class Req:
     @property
     def is_grammar_active(self) -> bool:
         """Is the next token masked? A reasoning request is unconstrained until its thinking ends."""
-        return self.grammar is not None and (self.reasoning is None or self.state.is_reasoning_ended)
+        return self.grammar is not None and (self.reasoning is None or not self.reasoning.is_reasoning(self.state))
 
     @property
     def wants_input_logprobs(self) -> bool:

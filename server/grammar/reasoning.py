@@ -3,6 +3,8 @@
 `deepseek-r1`: the chat template opens `<think>`, so output starts inside reasoning and it
 ends at `</think>`. `qwen3`: reasoning happens only if the output starts with `<think>`.
 The reasoning count includes the markers; it is staged in each result's transaction.
+A grammar constrains only the answer: it applies once reasoning is over. Under `qwen3` the
+first token is constrained, so a constrained request answers without thinking.
 """
 from __future__ import annotations
 
@@ -30,6 +32,10 @@ class ReasoningParser:
         if start_id is None or end_id is None:
             raise ConfigError(f"--reasoning-parser {name} needs {THINK_START} and {THINK_END} in the tokenizer's vocabulary")
         return cls(name, start_id, end_id, PARSERS[name])
+
+    def is_reasoning(self, state: RequestState) -> bool:
+        """Is the next token part of the reasoning? (Under `qwen3`, the first token decides.)"""
+        return not state.is_reasoning_ended and (self.starts_in_reasoning or bool(state.output_ids))
 
     def step(self, state: RequestState, token: int) -> tuple[int, bool] | None:
         """What staging `token` does to the reasoning state: (tokens to count, ended), or None."""
