@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ops import bench_engine, bench_throughput, bench_wal
+from ops import bench_engine, bench_grammar, bench_throughput, bench_wal
 from ops.server_args import add_server_args, server_args_from
 from server.errors import TokenLedgerError
 
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     bench_engine.add_parser(bench_sub)
+    bench_grammar.add_parser(bench_sub)
     bench_throughput.add_parser(bench_sub)
     bench_wal.add_parser(bench_sub)
     from ops.logcli import add_parsers as add_logcli_parsers  # verify, replay, audit, export, salvage
