@@ -63,10 +63,13 @@ def check_syntax(spec: GrammarSpec) -> None:
             raise InvalidRequestError("json_schema must be a JSON object (a schema)", "json_schema")
     import xgrammar as xgr
 
-    parse = {GrammarKind.JSON_SCHEMA: xgr.Grammar.from_json_schema, GrammarKind.REGEX: xgr.Grammar.from_regex,
-             GrammarKind.EBNF: xgr.Grammar.from_ebnf}[spec.kind]
     try:
-        parse(spec.source)
+        if spec.kind is GrammarKind.JSON_SCHEMA:
+            xgr.Grammar.from_json_schema(spec.source)
+        elif spec.kind is GrammarKind.REGEX:
+            xgr.Grammar.from_regex(spec.source)
+        else:
+            xgr.Grammar.from_ebnf(spec.source)
     except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError (sometimes others) on bad input
         raise InvalidRequestError(f"invalid {spec.kind.value}: {clean_error(exc)}", spec.kind.value) from None
 

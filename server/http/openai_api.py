@@ -118,9 +118,9 @@ def _chat_call(front: Front, body: dict[str, Any]) -> Call:
 
 def _response_schema(fmt: dict[str, Any] | None) -> str | None:
     """OpenAI's response_format as a JSON schema string (None: plain text)."""
-    kind = None if fmt is None else fmt.get("type")
-    if kind in (None, "text"):
+    if fmt is None or fmt.get("type") in (None, "text"):
         return None
+    kind = fmt.get("type")
     if kind == "json_object":
         return json.dumps({"type": "object"})
     if kind != "json_schema":
