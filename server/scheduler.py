@@ -193,14 +193,14 @@ class Scheduler:
         return True
 
     # -- aborts ---------------------------------------------------------------------
-    def abort(self, rid: str, source: DoomSource, reply: AbortReply, reason: str = "aborted by request") -> None:
+    def abort(self, rid: str, source: DoomSource, reply: AbortReply, reason: str | None = None) -> None:
         """Dooms `rid`. Waiting or idle: finished now. Result pending: that result is discarded."""
         req = self.reqs.get(rid)
         if req is None or req.is_doomed:
             answer = self._answer_for_unlive(rid) if req is None else AbortAnswer(rid, AbortStatus.ABORTED, len(req.output_ids), req.abort_lsn)
             reply(answer, None)
             return
-        self.ledger.doom(rid, reason, source)
+        self.ledger.doom(rid, reason or f"aborted ({source.value})", source)
         self.counters.aborts[source.value] += 1
         req.abort_lsn = self.ledger.staged_lsn()
         if req.inflight_batches == 0:

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from server.config import ServerArgs
 from server.errors import EngineStoppedError
 from server.http.client import SchedulerClient
+from server.http.errors import HttpError
 from server.http.metrics import Metrics
 from server.outputs import AbortAnswer, RequestDelta
 from server.request import RequestSpec
@@ -47,6 +48,12 @@ class Front:
     @property
     def is_serving(self) -> bool:
         return self.client.is_healthy and not self.draining
+
+    def check_rids_free(self, specs: list[RequestSpec]) -> None:
+        """A client-chosen rid that names a live request is a conflict (409), decided up front."""
+        for spec in specs:
+            if self.client.is_live(spec.rid) or spec.rid in self.groups:
+                raise HttpError(409, f"rid {spec.rid!r} is already in use by a live request", "conflict", "rid")
 
     def expand(self, rid: str) -> list[str]:
         return self.groups.get(rid, [rid])

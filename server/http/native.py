@@ -39,6 +39,7 @@ def native_router(front: Front) -> APIRouter:
             return_hidden_states=typed(body, "return_hidden_states", bool, False), rid=body.get("rid"),
         )
         specs, is_batch = require_ready(front).build(call)
+        front.check_rids_free(specs)
         if typed(body, "stream", bool, False):
             if is_batch:
                 raise InvalidRequestError("stream is supported for one prompt at a time", "stream")

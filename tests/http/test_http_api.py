@@ -85,6 +85,18 @@ def test_abort_mid_stream_ends_with_exactly_the_acknowledged_tokens(server):
     assert httpx.post(f"{server.url}/abort_request", json={"rid": "never-was"}).status_code == 404
 
 
+def test_client_rid_that_collides_with_a_live_request_gets_409(server):
+    body = {"input_ids": [9, 10, 11], "rid": "taken", "stream": True,
+            "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}}
+    with httpx.stream("POST", f"{server.url}/generate", json=body, timeout=60) as r:
+        lines = r.iter_lines()  # kept open: dropping the iterator would close the connection
+        next(line for line in lines if line.startswith("data: "))
+        for stream in (False, True):
+            clash = httpx.post(f"{server.url}/generate", json=body | {"stream": stream}, timeout=30)
+            assert clash.status_code == 409 and clash.json()["error"]["param"] == "rid"
+        assert httpx.post(f"{server.url}/abort_request", json={"rid": "taken"}).json()["status"] == "aborted"
+
+
 def test_client_disconnect_aborts_with_source_disconnect(server):
     body = {"input_ids": list(range(7, 17)), "rid": "walk-away", "stream": True,
             "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}}
