@@ -35,9 +35,12 @@ log = structlog.get_logger("tokenledger.engine")
 
 @dataclass(slots=True)
 class _Abort:
-    rid: str
+    """Aborts `rids` (all live requests if None) in one go, between two steps."""
+
+    rids: list[str] | None
     source: DoomSource
     reply: queue.Queue[tuple[AbortAnswer, BaseException | None]]
+    count: queue.Queue[int]  # how many answers will come
 
 
 class _Stop:
@@ -94,17 +97,23 @@ class Engine:
 
     def abort(self, rid: str, source: str = "api") -> dict[str, Any]:
         """`{rid, status: aborted|already_finished|unknown, completion_tokens, lsn}`; final once returned."""
-        reply: queue.Queue[tuple[AbortAnswer, BaseException | None]] = queue.Queue()
-        self._put(_Abort(rid, DoomSource(source), reply))
-        answer, error = reply.get()
-        if error is not None:
-            raise EngineStoppedError(f"the abort of {rid} could not be logged: {error}") from error
-        return answer.to_dict()
+        return self._abort([rid], source)[0]
 
     def abort_all(self, source: str = "api") -> list[dict[str, Any]]:
-        with self._lock:
-            rids = list(self._waiters)
-        return [self.abort(rid, source) for rid in rids]
+        """Aborts every live request at once: none of them takes another step."""
+        return self._abort(None, source)
+
+    def _abort(self, rids: list[str] | None, source: str) -> list[dict[str, Any]]:
+        reply: queue.Queue[tuple[AbortAnswer, BaseException | None]] = queue.Queue()
+        count: queue.Queue[int] = queue.Queue()
+        self._put(_Abort(rids, DoomSource(source), reply, count))
+        answers = []
+        for _ in range(count.get()):
+            answer, error = reply.get()
+            if error is not None:
+                raise EngineStoppedError(f"the abort of {answer.rid} could not be logged: {error}") from error
+            answers.append(answer.to_dict())
+        return answers
 
     def shutdown(self) -> None:
         """Stops the loop, aborts what is still running (logged), writes SERVER_STOP."""
@@ -166,12 +175,18 @@ class Engine:
             if isinstance(item, Req):
                 self.scheduler.add_request(item)
             else:
-                reply = item.reply
-                self.scheduler.abort(item.rid, item.source, lambda a, e: reply.put((a, e)))
+                self._abort_now(item)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return self._failure is None
+
+    def _abort_now(self, item: _Abort) -> None:
+        rids = list(self.scheduler.reqs) if item.rids is None else item.rids
+        item.count.put(len(rids))
+        reply = item.reply
+        for rid in rids:
+            self.scheduler.abort(rid, item.source, lambda a, e: reply.put((a, e)))
 
     def _on_durable(self, deltas: list[RequestDelta], error: BaseException | None) -> None:
         """Runs on the log writer's thread: the only place results are released (I5)."""
