@@ -29,7 +29,9 @@ class TorchAttentionContext:
         self.pool = pool
         self.meta = meta
         self.scale = scale
-        self._decode_index, self._decode_mask = _padded_decode_layout(meta) if meta.is_decode else (None, None)
+        layout = _padded_decode_layout(meta) if meta.is_decode else None
+        self._decode_index: torch.Tensor | None = layout[0] if layout else None
+        self._decode_mask: torch.Tensor | None = layout[1] if layout else None
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.pool.store(layer_id, self.meta.out_cache_loc, k, v)

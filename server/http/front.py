@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 from starlette.requests import Request
@@ -84,9 +85,11 @@ class Front:
     async def collect(self, specs: list[RequestSpec], request: Request) -> list[CommittedView] | None:
         """Runs requests to the end; None if the client disconnected (they are aborted then)."""
         views = [CommittedView(s.rid, s.prompt_ids, s.logprob, s.params.skip_special_tokens) for s in specs]
-        work = asyncio.ensure_future(asyncio.gather(*(self._drain(s, v) for s, v in zip(specs, views))))
-        watcher = asyncio.ensure_future(_wait_disconnect(request))
-        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        work: asyncio.Future[list[None]] = asyncio.ensure_future(
+            asyncio.gather(*(self._drain(s, v) for s, v in zip(specs, views))))
+        watcher: asyncio.Future[None] = asyncio.ensure_future(_wait_disconnect(request))
+        racing: list[asyncio.Future[Any]] = [work, watcher]
+        await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
         if work.done():
             watcher.cancel()
             work.result()  # re-raises a scheduler failure or a rejection
@@ -102,8 +105,8 @@ class Front:
     async def abort(self, rid: str, source: str) -> list[AbortAnswer]:
         return await self.client.abort(self.expand(rid), source)
 
-    def _spawn(self, coro: object) -> None:
-        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
+        task: asyncio.Task[object] = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 

@@ -39,6 +39,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
+    inv_freq: torch.Tensor
+
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
         exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
