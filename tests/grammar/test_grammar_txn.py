@@ -3,6 +3,9 @@ discard the matcher has accepted exactly the committed tokens; a token the gramm
 ends the request with a clear abort, never a crash or an unconstrained token."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import re
 import sys
 from pathlib import Path
@@ -153,6 +156,10 @@ def test_grammar_rejected_token_ends_the_request_with_a_clear_abort(rt, monkeypa
     assert [r.kind for r in records][-2:] == [Kind.DISCARD, Kind.FINISH]
     assert "grammar rejected token" in records[-2].payload["reason"]
     assert rt.rebuilt("rej").output_ids == req.output_ids  # I6: the log holds what was committed
+    rt.wait_durable()
+    verify = subprocess.run([sys.executable, "-m", "ops.cli", "verify", "--log-dir", str(rt.runtime.log_dir)],
+                            capture_output=True, text=True, timeout=120)
+    assert verify.returncode == 0, verify.stdout + verify.stderr  # a rejection is a well-formed abort
 
 
 def test_grammar_termination_finishes_with_stop(rt):
