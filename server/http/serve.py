@@ -4,6 +4,8 @@ period, abort the rest (logged), write SERVER_STOP, exit 0. Exits 1 if the sched
 from __future__ import annotations
 
 import asyncio
+import importlib
+import threading
 import contextlib
 import logging
 import sys
@@ -66,6 +68,8 @@ def run_server(args: ServerArgs) -> int:
     client.spawn()  # the scheduler loads the model while the front loads its tokenizer
     tokenizer = Tokenizer(Path(args.tokenizer_path or model_dir))
     tokenizer.preload_chat()
+    # Constraint checks import xgrammar (and torch); load it now, off the event loop's path.
+    threading.Thread(target=importlib.import_module, args=("xgrammar",), daemon=True).start()
     front = Front(args, client, tokenizer, args.served_model_name or model_dir.name)
     app = create_app(front)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="on",
