@@ -4,8 +4,14 @@ from __future__ import annotations
 from commitlog.codec import FORMAT_VERSION, EncodedGroup, Encoder, Entry, Kind, Record
 from commitlog.cursor import BatchCursors, PackedCursor
 from commitlog.errors import (
-    CommitLogError, CorruptRecordError, FormatVersionError, LogFullError, LogLockedError, TxnStateError,
-    UnknownRequestError, WriterFailedError,
+    CommitLogError,
+    CorruptRecordError,
+    FormatVersionError,
+    LogFullError,
+    LogLockedError,
+    TxnStateError,
+    UnknownRequestError,
+    WriterFailedError,
 )
 from commitlog.ledger import Ledger, Step
 from commitlog.reader import LogReader, VerifyReport

@@ -40,7 +40,9 @@ def finish_reason_object(state: RequestState) -> dict[str, Any] | None:
     elif reason is FinishReason.LENGTH:
         out["length"] = state.finish_matched
     elif reason is FinishReason.ABORT:
-        out["message"] = state.doom_reason or "aborted"
+        # An abort the server decided itself (a grammar that rejected a token) logs its reason as `matched`.
+        matched = state.finish_matched if isinstance(state.finish_matched, str) else None
+        out["message"] = state.doom_reason or matched or "aborted"
     return out
 
 

@@ -14,7 +14,13 @@ from commitlog.codec import Encoder, Entry, Kind
 from commitlog.errors import TxnStateError, UnknownRequestError
 from commitlog.reader import LogReader
 from commitlog.recovery import RecoveryReport, recover
-from commitlog.state import DoomSource, FinishReason, RequestState, begin_entry, finish_entry
+from commitlog.state import (
+    DoomSource,
+    FinishReason,
+    RequestState,
+    begin_entry,
+    finish_entry,
+)
 from commitlog.txn import GrammarMatcher, Outcome, RequestTxn
 from commitlog.wal import META_FINGERPRINT, META_INSTANCE_PREFIX, Wal, WalConfig
 from commitlog.writer import DurableCallback, WalWriter

@@ -13,7 +13,15 @@ from dataclasses import dataclass
 import lmdb
 
 from commitlog.codec import (
-    GENESIS_HASH, META_CHECKPOINT, Kind, Record, chain, decode_value, key_lsn, lsn_key, unpack_lsns,
+    GENESIS_HASH,
+    META_CHECKPOINT,
+    Kind,
+    Record,
+    chain,
+    decode_value,
+    key_lsn,
+    lsn_key,
+    unpack_lsns,
 )
 from commitlog.errors import CorruptRecordError, UnknownRequestError
 from commitlog.state import RequestState, replay

@@ -13,7 +13,16 @@ from pathlib import Path
 import lmdb
 
 from commitlog.codec import (
-    GENESIS_HASH, META_CHECKPOINT, EncodedGroup, Entry, Kind, Record, decode_value, encode_value, key_lsn, lsn_key,
+    GENESIS_HASH,
+    META_CHECKPOINT,
+    EncodedGroup,
+    Entry,
+    Kind,
+    Record,
+    decode_value,
+    encode_value,
+    key_lsn,
+    lsn_key,
     pack_lsns,
 )
 from commitlog.errors import CommitLogError, CorruptRecordError

@@ -6,7 +6,14 @@ from typing import Protocol
 
 from commitlog.codec import Entry, Kind
 from commitlog.errors import TxnStateError
-from commitlog.state import Delta, FinishReason, RequestState, TopLogprobs, apply_delta, finish_entry
+from commitlog.state import (
+    Delta,
+    FinishReason,
+    RequestState,
+    TopLogprobs,
+    apply_delta,
+    finish_entry,
+)
 
 
 class GrammarMatcher(Protocol):

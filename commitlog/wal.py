@@ -10,7 +10,13 @@ from pathlib import Path
 import lmdb
 
 from commitlog.codec import FORMAT_VERSION, EncodedGroup
-from commitlog.errors import CommitLogError, CorruptRecordError, FormatVersionError, LogFullError, LogLockedError
+from commitlog.errors import (
+    CommitLogError,
+    CorruptRecordError,
+    FormatVersionError,
+    LogFullError,
+    LogLockedError,
+)
 
 RECORDS_DB = b"records"  # LSN (8 bytes BE) -> record value
 INDEX_DB = b"by_rid"  # rid -> its LSNs packed (8 bytes BE each), written once at FINISH

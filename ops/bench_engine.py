@@ -8,7 +8,6 @@ import argparse
 import json
 
 
-
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("engine", help="offline prefill / decode tokens per second")
     p.add_argument("--model-path", default=None, help="model directory (default: the demo model)")
@@ -40,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _prefill(engine, prompt_len: int, n: int) -> float:
-    from server.forward_batch import ForwardMode  # torch: only when a benchmark really runs
+    # torch: imported only when a benchmark really runs
+    from server.forward_batch import ForwardMode
 
     prompts = [[(7 * i + j) % 1000 + 5 for j in range(prompt_len)] for i in range(n)]
     engine.generate(input_ids=prompts[:1], sampling_params={"max_new_tokens": 1})  # warm-up

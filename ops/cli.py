@@ -23,7 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_grammar.add_parser(bench_sub)
     bench_throughput.add_parser(bench_sub)
     bench_wal.add_parser(bench_sub)
-    from ops.logcli import add_parsers as add_logcli_parsers  # verify, replay, audit, export, salvage
+    # verify, replay, audit, export, salvage
+    from ops.logcli import add_parsers as add_logcli_parsers
 
     add_logcli_parsers(sub)
     return parser

@@ -7,7 +7,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from commitlog import FinishReason, RequestState
+from commitlog import RequestState
 from server.grammar.matcher import RequestGrammar
 from server.grammar.reasoning import ReasoningParser
 from server.sampling.params import SamplingParams
@@ -22,23 +22,6 @@ class LogprobRequest:
     top_logprobs_num: int = 0
     logprob_start_len: int = -1  # input logprobs from this prompt position; -1 = output only
     return_hidden_states: bool = False
-
-
-def finish_reason_dict(state: RequestState) -> dict[str, object] | None:
-    """SGLang's `finish_reason` object for a finished request."""
-    reason = state.finish_reason
-    if reason is None:
-        return None
-    out: dict[str, object] = {"type": reason.value}
-    if reason is FinishReason.STOP:
-        out["matched"] = state.finish_matched
-    elif reason is FinishReason.LENGTH:
-        out["length"] = state.finish_matched
-    elif reason is FinishReason.ABORT:
-        # An abort the server decided (a grammar that rejected a token) carries its reason as `matched`.
-        matched = state.finish_matched if isinstance(state.finish_matched, str) else None
-        out["message"] = state.doom_reason or matched or "aborted"
-    return out
 
 
 @dataclass(frozen=True, slots=True)

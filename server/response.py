@@ -11,9 +11,10 @@ from typing import Any
 import numpy as np
 
 from commitlog import FinishReason
+from commitlog.audit import finish_reason_object
 from server.finish import trim_at_stop
 from server.outputs import RequestDelta
-from server.request import LogprobRequest, Req, finish_reason_dict
+from server.request import LogprobRequest, Req
 from server.tokenizer import Tokenizer
 
 
@@ -38,7 +39,7 @@ class CommittedView:
         hidden = [np.frombuffer(b, dtype=np.float32).tolist() for b in s.hidden_states]
         return cls(req.rid, req.prompt_ids, req.logprob, req.params.skip_special_tokens, list(s.output_ids),
                    list(s.output_logprobs), [list(t) for t in s.output_top_logprobs], list(s.input_logprobs),
-                   hidden, finish_reason_dict(s), (req.finish_time or req.arrival_time) - req.arrival_time,
+                   hidden, finish_reason_object(s), (req.finish_time or req.arrival_time) - req.arrival_time,
                    s.num_reasoning_tokens)
 
     def apply(self, delta: RequestDelta) -> None:

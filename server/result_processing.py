@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from commitlog import BatchCursors, FinishReason, Ledger, Outcome, RequestTxn
+from commitlog.audit import finish_reason_object
 from server.finish import Detokenize, check_finish
 from server.forward_batch import BatchResult, ForwardBatch
 from server.outputs import RequestDelta
-from server.request import Req, finish_reason_dict
+from server.request import Req
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +126,6 @@ def _commit(txn: RequestTxn, req: Req, delta: RequestDelta, out: list[RequestDel
         delta = RequestDelta(rid=req.rid)  # nothing of the staged result reaches the client
     delta.completion_tokens = len(req.state.output_ids)
     delta.reasoning_tokens = req.state.num_reasoning_tokens
-    delta.finish = finish_reason_dict(req.state)
+    delta.finish = finish_reason_object(req.state)
     out.append(delta)
     return req.state.is_finished

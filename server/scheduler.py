@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, wait
 
 from commitlog import DoomSource, FinishReason, Ledger
+from commitlog.audit import finish_reason_object
 from server.batch_builder import BatchBuilder
 from server.forward_batch import ForwardBatch, ForwardMode
 from server.grammar.compiler import GrammarCompiler
@@ -28,8 +29,12 @@ from server.grammar.reasoning import ReasoningParser
 from server.memory import ReqToTokenPool, TokenToKVPool
 from server.model_runner import ForwardHandle, ModelRunner
 from server.outputs import AbortAnswer, AbortStatus, RequestDelta
-from server.request import Req, finish_reason_dict
-from server.result_processing import FinishRules, process_decode_result, process_extend_result
+from server.request import Req
+from server.result_processing import (
+    FinishRules,
+    process_decode_result,
+    process_extend_result,
+)
 from server.schedule_policy import SchedulePolicy, SchedulerCounters, StepStats
 
 # Both are called on the log writer's thread once a group is durable, or with the error
@@ -210,7 +215,7 @@ class Scheduler:
             if req in self.compiling:
                 self.compiling.remove(req)
             self.ledger.finish(rid, FinishReason.ABORT)
-            self.outbox.append(RequestDelta(rid, finish=finish_reason_dict(req.state),
+            self.outbox.append(RequestDelta(rid, finish=finish_reason_object(req.state),
                                             completion_tokens=len(req.output_ids)))
             self._on_finished(req)
         answer = AbortAnswer(rid, AbortStatus.ABORTED, len(req.output_ids), req.abort_lsn)
@@ -228,7 +233,7 @@ class Scheduler:
             state = self.ledger.read(lambda reader: reader.rebuild(rid))
         except Exception:  # no record of it in the log: never begun here
             return AbortAnswer(rid, AbortStatus.UNKNOWN)
-        return AbortAnswer(rid, AbortStatus.ALREADY_FINISHED, len(state.output_ids), finish=finish_reason_dict(state))
+        return AbortAnswer(rid, AbortStatus.ALREADY_FINISHED, len(state.output_ids), finish=finish_reason_object(state))
 
     # -- grammars -------------------------------------------------------------------
     def admit_compiled_grammars(self) -> None:
@@ -256,7 +261,7 @@ class Scheduler:
     def _finish_now(self, req: Req, reason: str) -> None:
         """Ends a request that never ran (no forward, no KV): FINISH(abort) with the reason."""
         self.ledger.finish(req.rid, FinishReason.ABORT, reason)
-        self.outbox.append(RequestDelta(req.rid, finish=finish_reason_dict(req.state), completion_tokens=0))
+        self.outbox.append(RequestDelta(req.rid, finish=finish_reason_object(req.state), completion_tokens=0))
         self._on_finished(req)
 
     # -- finishing ------------------------------------------------------------------

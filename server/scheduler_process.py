@@ -18,8 +18,19 @@ from commitlog import DoomSource
 from server.config import ServerArgs
 from server.errors import TokenLedgerError
 from server.messages import (
-    AbortMsg, AbortReplyMsg, DeltasMsg, FatalMsg, GenerateMsg, Message, ReadyMsg, RejectMsg, ShutdownMsg, StatsMsg,
-    StoppedMsg, decode, encode,
+    AbortMsg,
+    AbortReplyMsg,
+    DeltasMsg,
+    FatalMsg,
+    GenerateMsg,
+    Message,
+    ReadyMsg,
+    RejectMsg,
+    ShutdownMsg,
+    StatsMsg,
+    StoppedMsg,
+    decode,
+    encode,
 )
 from server.outputs import AbortAnswer, RequestDelta
 from server.request import Req

@@ -4,8 +4,23 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable, Iterator
 
-from commitlog.audit import STATUSES, RequestAudit, audit_records, iter_audits, writer_alive
-from ops.logcli.common import add_log_dir, dumps, fail, guarded, open_log, parse_since, progress_bar, stdout
+from commitlog.audit import (
+    STATUSES,
+    RequestAudit,
+    audit_records,
+    iter_audits,
+    writer_alive,
+)
+from ops.logcli.common import (
+    add_log_dir,
+    dumps,
+    fail,
+    guarded,
+    open_log,
+    parse_since,
+    progress_bar,
+    stdout,
+)
 from ops.logcli.replay import request_table
 
 

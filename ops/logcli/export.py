@@ -13,7 +13,14 @@ from typing import Any
 from commitlog.audit import RequestAudit, iter_audit_states, writer_alive
 from commitlog.state import RequestState
 from ops.logcli.common import (
-    TextDecoder, add_log_dir, add_tokenizer, dumps, guarded, load_decoder, open_log, progress_bar,
+    TextDecoder,
+    add_log_dir,
+    add_tokenizer,
+    dumps,
+    guarded,
+    load_decoder,
+    open_log,
+    progress_bar,
 )
 
 

@@ -12,7 +12,15 @@ from rich.table import Table
 from commitlog import Kind, Record
 from commitlog.audit import audit_records, iter_audits, writer_alive
 from ops.logcli.common import (
-    TextDecoder, add_log_dir, add_tokenizer, fail, guarded, load_decoder, open_log, progress_bar, stdout,
+    TextDecoder,
+    add_log_dir,
+    add_tokenizer,
+    fail,
+    guarded,
+    load_decoder,
+    open_log,
+    progress_bar,
+    stdout,
 )
 
 

@@ -14,7 +14,15 @@ from rich.table import Table
 
 from commitlog.audit import writer_alive
 from ops.logcli.checklog import ExpectedHead, LogCheck, check_log
-from ops.logcli.common import add_log_dir, dumps, guarded, progress_bar, salvage_command, stdout, styled
+from ops.logcli.common import (
+    add_log_dir,
+    dumps,
+    guarded,
+    progress_bar,
+    salvage_command,
+    stdout,
+    styled,
+)
 
 _HEAD = re.compile(r"^(?:(\d+):)?([0-9a-fA-F]{64})$")
 SHOWN_RIDS = 20

@@ -17,8 +17,19 @@ import zmq.asyncio
 from server.config import ServerArgs
 from server.errors import EngineStoppedError, TokenLedgerError
 from server.messages import (
-    AbortMsg, AbortReplyMsg, DeltasMsg, FatalMsg, GenerateMsg, Message, ReadyMsg, RejectMsg, ShutdownMsg, StatsMsg,
-    StoppedMsg, decode, encode,
+    AbortMsg,
+    AbortReplyMsg,
+    DeltasMsg,
+    FatalMsg,
+    GenerateMsg,
+    Message,
+    ReadyMsg,
+    RejectMsg,
+    ShutdownMsg,
+    StatsMsg,
+    StoppedMsg,
+    decode,
+    encode,
 )
 from server.outputs import AbortAnswer, RequestDelta
 from server.request import RequestSpec

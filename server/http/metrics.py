@@ -1,7 +1,13 @@
 """Prometheus metrics: gauges and counters fed by the scheduler's stats, plus front timings."""
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 from commitlog import DoomSource
 from server.messages import StatsMsg

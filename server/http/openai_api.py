@@ -7,7 +7,6 @@ and aborting `id` aborts them all. Fields we do not implement are refused by nam
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -22,7 +21,13 @@ from server.http.bodies import json_object, typed
 from server.http.front import Front, require_ready
 from server.http.incremental import IncrementalText
 from server.http.native import SSE_DONE, sse
-from server.http.openai_format import chat_logprobs, completion_logprobs, envelope, finish_reason, usage
+from server.http.openai_format import (
+    chat_logprobs,
+    completion_logprobs,
+    envelope,
+    finish_reason,
+    usage,
+)
 from server.request import RequestSpec
 from server.request_builder import GenerateCall
 from server.response import CommittedView

@@ -4,11 +4,11 @@ period, abort the rest (logged), write SERVER_STOP, exit 0. Exits 1 if the sched
 from __future__ import annotations
 
 import asyncio
-import importlib
-import threading
 import contextlib
+import importlib
 import logging
 import sys
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import FrameType

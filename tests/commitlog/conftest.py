@@ -5,9 +5,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from commitlog_helpers import FAST
 
 from commitlog import Ledger
-from commitlog_helpers import FAST
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from commitlog_helpers import FAST
 
 from commitlog import CorruptRecordError, FinishReason, Ledger, LogReader
-from commitlog_helpers import FAST
 
 
 def _write_log(log_dir: Path, num_requests: int = 30) -> dict[int, bytes]:

@@ -47,8 +47,9 @@ def test_i5_every_group_reported_durable_survives_sigkill_and_the_log_verifies(t
 
 
 def _assert_i7_after_final_recovery(log_dir: Path) -> None:
-    from commitlog import Ledger
     from commitlog_helpers import FAST
+
+    from commitlog import Ledger
     Ledger.open(log_dir, FAST).close()
     reader = LogReader.open(log_dir)
     begins, finishes = set(), {}

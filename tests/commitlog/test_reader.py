@@ -7,11 +7,19 @@ import time
 from pathlib import Path
 
 import pytest
+from commitlog_helpers import sync_flush
 
 from commitlog import (
-    CommitLogError, DoomSource, Durability, FinishReason, Kind, Ledger, LogReader, UnknownRequestError, WalConfig,
+    CommitLogError,
+    DoomSource,
+    Durability,
+    FinishReason,
+    Kind,
+    Ledger,
+    LogReader,
+    UnknownRequestError,
+    WalConfig,
 )
-from commitlog_helpers import sync_flush
 
 FOLLOWER = """
 import sys, threading

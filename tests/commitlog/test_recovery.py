@@ -4,9 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from commitlog_helpers import FAST, crash, sync_flush
 
 from commitlog import CorruptRecordError, FinishReason, Kind, Ledger, LogReader, salvage
-from commitlog_helpers import FAST, crash, sync_flush
 
 
 def _crashed_log_with_two_running_requests(log_dir: Path) -> None:

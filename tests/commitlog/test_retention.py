@@ -4,9 +4,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from commitlog import CorruptRecordError, FinishReason, Kind, Ledger, LogReader, RetentionPolicy, apply_retention, compact
 from commitlog_helpers import sync_flush
+
+from commitlog import (
+    CorruptRecordError,
+    FinishReason,
+    Kind,
+    Ledger,
+    LogReader,
+    RetentionPolicy,
+    apply_retention,
+    compact,
+)
 
 
 def _request(ledger: Ledger, rid: str, tokens: int, finish: bool = True) -> None:

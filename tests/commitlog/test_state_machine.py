@@ -9,12 +9,12 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 
+from commitlog_helpers import FAST, FakeMatcher
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from commitlog import DoomSource, FinishReason, Kind, Ledger, RequestState
-from commitlog_helpers import FAST, FakeMatcher
 
 logprobs = st.floats(min_value=-30.0, max_value=0.0, allow_nan=False)
 token = st.integers(min_value=0, max_value=50_000)

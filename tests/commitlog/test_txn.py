@@ -2,14 +2,21 @@
 from __future__ import annotations
 
 import pytest
+from commitlog_helpers import FakeMatcher, sync_flush
 
 from commitlog import (
-    BatchCursors, DoomSource, FinishReason, Kind, Ledger, Outcome, RequestState, RequestTxn, TxnStateError,
+    BatchCursors,
+    DoomSource,
+    FinishReason,
+    Kind,
+    Ledger,
+    Outcome,
+    RequestState,
+    RequestTxn,
+    TxnStateError,
 )
 from commitlog.codec import Entry
 from commitlog.state import Delta
-
-from commitlog_helpers import FakeMatcher, sync_flush
 
 
 def _state() -> RequestState:

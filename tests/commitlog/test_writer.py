@@ -6,12 +6,22 @@ from pathlib import Path
 
 import lmdb
 import pytest
+from commitlog_helpers import FAST, sync_flush
 
 from commitlog import (
-    Durability, Encoder, Entry, Kind, Ledger, LogFullError, LogLockedError, LogReader, Wal, WalConfig, WalWriter,
+    Durability,
+    Encoder,
+    Entry,
+    Kind,
+    Ledger,
+    LogFullError,
+    LogLockedError,
+    LogReader,
+    Wal,
+    WalConfig,
+    WalWriter,
     WriterFailedError,
 )
-from commitlog_helpers import FAST, sync_flush
 
 
 def _groups(n: int, per_group: int = 4) -> list:

@@ -3,10 +3,8 @@ discard the matcher has accepted exactly the committed tokens; a token the gramm
 ends the request with a clear abort, never a crash or an unconstrained token."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import re
+import subprocess
 import sys
 from pathlib import Path
 

@@ -7,9 +7,9 @@ import signal
 import time
 
 import httpx
+from server_process import ServerProcess
 
 from commitlog import LogReader
-from server_process import ServerProcess
 
 
 def test_api_key_guards_every_route_but_health_and_admin_routes_need_the_admin_key(tiny_checkpoint, tmp_path):

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from logcli_helpers import cli
 
 from commitlog import LogReader
 from commitlog.audit import audit_request
-from logcli_helpers import cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "server"))  # the scripted runtime
 from scripted import ScriptedRuntime  # noqa: E402

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from commitlog import Durability, FinishReason, Ledger, WalConfig
 from logcli_helpers import cli
+
+from commitlog import Durability, FinishReason, Ledger, WalConfig
 
 FAST = WalConfig(durability=Durability.NONE)
 

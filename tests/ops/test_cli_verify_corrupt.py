@@ -7,9 +7,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from logcli_helpers import cli, cli_subprocess, good_request, server, write_log
 
 from commitlog import Kind, LogReader
-from logcli_helpers import cli, cli_subprocess, good_request, server, write_log
 
 
 @pytest.fixture(scope="module")

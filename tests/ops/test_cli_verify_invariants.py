@@ -4,10 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from logcli_helpers import abort, begin, cli, commit, discard, finish, good_request, server, write_log
 
 from commitlog import Kind
 from commitlog.state import FinishReason
-from logcli_helpers import abort, begin, cli, commit, discard, finish, good_request, server, write_log
 from ops.logcli import checklog
 from ops.logcli.checklog import check_log
 

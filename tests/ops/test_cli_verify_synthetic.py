@@ -5,8 +5,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from logcli_helpers import cli_subprocess
+
 from ops.logcli import checklog
 from ops.logcli.checklog import check_log
 from ops.logcli.synthlog import write_log

@@ -5,10 +5,11 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from logcli_helpers import cli, good_request, server, write_log
+
 from commitlog import Entry, Kind, LogReader
 from commitlog.codec import GENESIS_HASH, encode_value, lsn_key
 from commitlog.wal import Wal
-from logcli_helpers import cli, good_request, server, write_log
 
 
 def _make(log: Path) -> str:

@@ -6,10 +6,10 @@ import time
 
 import pytest
 import torch
+from scripted import ScriptedRuntime
 
 from commitlog import FinishReason, Kind
 from server.outputs import AbortStatus
-from scripted import ScriptedRuntime
 
 CHUNK = 16
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from scripted import ScriptedRuntime
 
 from commitlog import FinishReason
-from scripted import ScriptedRuntime
 
 
 @dataclass(frozen=True)
