@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install serve test test-slow bench clean
+.PHONY: install serve test test-slow lint clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,lint]'
+	$(VENV)/bin/ruff check server commitlog ops kernels tests
+	$(PY) -m mypy server commitlog ops kernels
 
 clean:
 	rm -rf $(VENV) build *.egg-info
