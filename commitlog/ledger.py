@@ -22,7 +22,7 @@ from commitlog.state import (
     finish_entry,
 )
 from commitlog.txn import GrammarMatcher, Outcome, RequestTxn
-from commitlog.wal import META_FINGERPRINT, META_INSTANCE_PREFIX, Wal, WalConfig
+from commitlog.wal import META_FINGERPRINT, META_INSTANCE_PREFIX, META_TOKENIZER_DIR, Wal, WalConfig
 from commitlog.writer import DurableCallback, WalWriter
 
 T = TypeVar("T")
@@ -44,8 +44,11 @@ class Ledger:
 
     @classmethod
     def open(cls, log_dir: str | os.PathLike[str], config: WalConfig | None = None,
-             model_fingerprint: str = "") -> Ledger:
-        """Open for writing: recover (may raise CorruptRecordError), then log SERVER_START."""
+             model_fingerprint: str = "", tokenizer_dir: str = "") -> Ledger:
+        """Open for writing: recover (may raise CorruptRecordError), then log SERVER_START.
+
+        `tokenizer_dir` is recorded so that post-mortem tools can decode text without being told.
+        """
         cfg = config or WalConfig()
         wal = Wal.open(log_dir, cfg)
         try:
@@ -54,16 +57,17 @@ class Ledger:
             wal.close()
             raise
         ledger = cls(wal, WalWriter(wal, cfg, durable_lsn=encoder.next_lsn - 1), encoder, report)
-        ledger._start(entries, model_fingerprint)
+        ledger._start(entries, model_fingerprint, tokenizer_dir)
         return ledger
 
-    def _start(self, recovery_entries: list[Entry], fingerprint: str) -> None:
+    def _start(self, recovery_entries: list[Entry], fingerprint: str, tokenizer_dir: str) -> None:
         self.instance_id = uuid.uuid4().hex
         self._pending = recovery_entries + [Entry(Kind.SERVER_START, None, {
-            "instance": self.instance_id, "pid": os.getpid(), "fingerprint": fingerprint})]
+            "instance": self.instance_id, "pid": os.getpid(), "fingerprint": fingerprint,
+            "tokenizer_dir": tokenizer_dir})]
         start_lsn = self._encoder.next_lsn + len(recovery_entries)
         meta = [(META_INSTANCE_PREFIX + self.instance_id.encode(), str(start_lsn).encode()),
-                (META_FINGERPRINT, fingerprint.encode())]
+                (META_FINGERPRINT, fingerprint.encode()), (META_TOKENIZER_DIR, tokenizer_dir.encode())]
         self.writer.wait_durable(self._flush(None, meta))
 
     @property

@@ -24,6 +24,7 @@ LIVE_DB = b"live"  # rid -> BEGIN LSN for requests without FINISH; recovery read
 META_DB = b"meta"
 META_FORMAT = b"format_version"
 META_FINGERPRINT = b"model_fingerprint"
+META_TOKENIZER_DIR = b"tokenizer_dir"  # of the latest server start; lets replay decode text
 META_INSTANCE_PREFIX = b"instance:"
 DATA_FILE = "data.mdb"
 _WRITER_LOCK = "writer.lock"

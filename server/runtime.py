@@ -64,7 +64,9 @@ def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink) -> Runtime:
     grammars = GrammarCompiler(tokenizer.hf_tokenizer, cfg.vocab_size, sorted(eos))
     reasoning = (ReasoningParser.create(args.reasoning_parser, tokenizer.token_id(THINK_START),
                                         tokenizer.token_id(THINK_END)) if args.reasoning_parser else None)
-    ledger = Ledger.open(log_dir, WalConfig(durability=Durability(args.log_durability)), model_fingerprint(model_dir))
+    tokenizer_dir = str(Path(args.tokenizer_path or model_dir).resolve())
+    ledger = Ledger.open(log_dir, WalConfig(durability=Durability(args.log_durability)), model_fingerprint(model_dir),
+                         tokenizer_dir)
     rules = FinishRules(frozenset(eos), context_len, tokenizer.decode)
     scheduler = Scheduler(policy, runner, req_pool, kv_pool, ledger, rules, sink, grammars, reasoning)
     limits = Limits(vocab_size=cfg.vocab_size, context_len=context_len, kv_capacity=kv_pool.capacity)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import lmdb
@@ -17,6 +18,7 @@ from rich.text import Text
 
 from commitlog import CommitLogError, CorruptRecordError, LogReader
 from commitlog.errors import SALVAGE_HINT
+from commitlog.wal import META_TOKENIZER_DIR
 from server.errors import TokenLedgerError
 
 EXIT_OK, EXIT_VIOLATION, EXIT_CORRUPT = 0, 1, 2
@@ -108,8 +110,6 @@ class TextDecoder:
     """Output ids to text the way the server returned it (special tokens skipped, cut at a stop string)."""
 
     def __init__(self, path: str) -> None:
-        from pathlib import Path
-
         from server.tokenizer import Tokenizer  # tokenizers/transformers only; no torch
 
         self._tok = Tokenizer(Path(path))
@@ -123,7 +123,11 @@ class TextDecoder:
         return text
 
 
-def load_decoder(path: str | None) -> TextDecoder | None:
+def load_decoder(path: str | None, reader: LogReader) -> TextDecoder | None:
+    """`--tokenizer`, else the tokenizer directory the server recorded, if it is still there."""
+    if path is None:
+        recorded = reader.wal.get_meta(META_TOKENIZER_DIR)
+        path = recorded.decode() if recorded and Path(recorded.decode()).is_dir() else None
     return None if path is None else TextDecoder(path)
 
 

@@ -34,10 +34,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    decoder = load_decoder(args.tokenizer)
     alive = writer_alive(args.log_dir)
     target = open(args.out, "w", encoding="utf-8") if args.out else nullcontext(sys.stdout)
     with target as sink, open_log(args.log_dir) as reader, progress_bar("export", reader.last_lsn()) as tick:
+        decoder = load_decoder(args.tokenizer, reader)
         for audit, state in iter_audit_states(reader, None, alive, tick):
             sink.write(dumps(export_line(audit, state, decoder)) + "\n")
     return 0

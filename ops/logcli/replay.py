@@ -35,7 +35,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    decoder = load_decoder(args.tokenizer)
     with open_log(args.log_dir) as reader:
         if args.rid is None:
             with progress_bar("replay", reader.last_lsn()) as tick:
@@ -43,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
             stdout().print(request_table(audits))
             return 0
         records = [r for r in reader.request_records(args.rid) if args.until_lsn is None or r.lsn <= args.until_lsn]
+        decoder = load_decoder(args.tokenizer, reader) if records else None
     if not records:
         return fail(f"no request {args.rid!r} in {args.log_dir}" + (f" up to LSN {args.until_lsn}" if args.until_lsn else ""))
     print_timeline(records, decoder, args.until_lsn is not None or writer_alive(args.log_dir))

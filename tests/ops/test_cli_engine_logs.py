@@ -125,6 +125,19 @@ def test_export_and_replay_decode_the_text_the_engine_returned(engine_run: tuple
     assert "KV released" in timeline.out and repr(got["stops"]["text"]) in timeline.out
 
 
+def test_replay_and_export_decode_text_with_the_tokenizer_the_server_recorded(
+        engine_run: tuple[Path, Path, dict[str, Any]], tmp_path: Path) -> None:
+    _, log, got = engine_run  # no --tokenizer: the log names the model's tokenizer directory
+    timeline = cli("replay", "--log-dir", log, "--rid", "stops")
+    assert timeline.rc == 0 and repr(got["stops"]["text"]) in timeline.out
+    out = tmp_path / "export.jsonl"
+    assert cli("export", "--log-dir", log, "--format", "jsonl", "--out", out).rc == 0
+    import json
+
+    lines = {d["rid"]: d for d in map(json.loads, out.read_text().splitlines())}
+    assert lines["stops"]["text"] == got["stops"]["text"]
+
+
 def test_replay_until_lsn_shows_the_state_at_that_point(engine_run: tuple[Path, Path, dict[str, Any]]) -> None:
     _, log, got = engine_run
     reader = LogReader.open(log)
