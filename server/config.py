@@ -31,6 +31,9 @@ class ServerArgs:
     admin_api_key: str | None = None
     tp_size: int = 1
     log_requests: bool = False
+    # With --log-requests, as in SGLang: 0 metadata, 1 + sampling params, 2 + text cut to
+    # 200 characters, 3 + full text.
+    log_requests_level: int = 2
     log_format: str = "console"
     shutdown_grace_s: float = 30.0  # on SIGTERM: how long running requests may finish
     reasoning_parser: str | None = None  # deepseek-r1 | qwen3: track <think>...</think> per request
@@ -61,6 +64,8 @@ class ServerArgs:
             raise ConfigError(f"--log-durability must be one of {', '.join(DURABILITY_MODES)}")
         if self.tp_size != 1:
             raise ConfigError("--tp-size > 1 is not supported yet; run with --tp-size 1")
+        if self.log_requests_level not in (0, 1, 2, 3):
+            raise ConfigError("--log-requests-level must be 0, 1, 2 or 3")
         if self.shutdown_grace_s < 0:
             raise ConfigError("--shutdown-grace-s must be >= 0")
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:

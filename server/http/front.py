@@ -24,6 +24,7 @@ from server.tokenizer import Tokenizer
 
 log = structlog.get_logger("tokenledger.requests")
 DISCONNECT_POLL_S = 0.05
+LOGGED_TEXT_CHARS = 200  # --log-requests-level 2 cuts logged text here; 3 logs it whole
 
 
 @dataclass
@@ -80,7 +81,7 @@ class Front:
         finally:
             view.e2e_latency = time.monotonic() - arrival
             if finished:
-                self._log_finish(view)
+                self._log_finish(view, spec)
 
     async def collect(self, specs: list[RequestSpec], request: Request) -> list[CommittedView] | None:
         """Runs requests to the end; None if the client disconnected (they are aborted then)."""
@@ -110,12 +111,17 @@ class Front:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    def _log_finish(self, view: CommittedView) -> None:
-        fields = {"rid": view.rid, "prompt_tokens": len(view.prompt_ids), "completion_tokens": len(view.output_ids),
-                  "finish_reason": (view.finish or {}).get("type"), "latency_s": round(view.e2e_latency, 4)}
-        if self.args.log_requests:
-            fields["prompt"] = self.tokenizer.decode(view.prompt_ids)
-            fields["output"] = view.text(self.tokenizer)
+    def _log_finish(self, view: CommittedView, spec: RequestSpec) -> None:
+        fields: dict[str, Any] = {
+            "rid": view.rid, "prompt_tokens": len(view.prompt_ids), "completion_tokens": len(view.output_ids),
+            "finish_reason": (view.finish or {}).get("type"), "latency_s": round(view.e2e_latency, 4)}
+        level = self.args.log_requests_level if self.args.log_requests else -1
+        if level >= 1:
+            fields["sampling_params"] = spec.params.to_dict()
+        if level >= 2:
+            limit = None if level >= 3 else LOGGED_TEXT_CHARS
+            fields["prompt"] = self.tokenizer.decode(view.prompt_ids)[:limit]
+            fields["output"] = view.text(self.tokenizer)[:limit]
         log.info("request_finished", **fields)
 
 

@@ -185,3 +185,19 @@ def test_metrics_show_kv_used_back_to_zero_after_a_drain(server):
                  "tokenledger_time_to_first_token_seconds_bucket", "tokenledger_wal_group_commit_seconds_bucket",
                  'tokenledger_aborts_total{source="api"}', "tokenledger_discarded_results_total"):
         assert name in text, name
+
+
+def test_one_json_log_line_per_request_at_finish_with_text_at_level_3(server):
+    out = httpx.post(f"{server.url}/generate", json={"text": "Once upon", "rid": "logged", "sampling_params": GREEDY},
+                     timeout=60).json()
+    deadline = time.monotonic() + 10
+    lines: list[dict] = []
+    while time.monotonic() < deadline and not lines:
+        lines = [json.loads(line) for line in server.stderr().splitlines()
+                 if line.startswith("{") and '"rid": "logged"' in line]
+        time.sleep(0.1)
+    assert len(lines) == 1, lines
+    line = lines[0]
+    assert line["event"] == "request_finished" and line["completion_tokens"] == 12
+    assert line["prompt"] == "Once upon" and line["output"] == out["text"]
+    assert line["sampling_params"]["max_new_tokens"] == 12 and line["finish_reason"] == "length"
