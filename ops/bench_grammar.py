@@ -13,8 +13,8 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
-from typing import Any
+
+from ops.bench_rounds import measure_interleaved
 
 # Lower-case text of a fixed, long length: never complete within the token budget.
 LONG_REGEX = r"[a-z ,.]{4000}"
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
                                 log_durability="none", disable_overlap_schedule=no_overlap, log_dir=f"{root}/{i}")
                    for i, (name, _, no_overlap) in enumerate(CONFIGS)}
         params = {name: base | ({"regex": LONG_REGEX} if constrained else {}) for name, constrained, _ in CONFIGS}
-        rates, tokens = _measure(engines, prompts, params, args.rounds)
+        rates, tokens = measure_interleaved(engines, prompts, params, args.rounds)
     figures = {name: statistics.median(r) for name, r in rates.items()}
     ref = figures["unconstrained+overlap"]
     print(f"{'config':26} {'tokens/s':>10} {'vs unconstrained+overlap':>26} {'tokens/round':>13}")
@@ -53,25 +53,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name:26} {rate:10.1f} {rate / ref:26.3f} {tokens[name]:13d}")
     print(json.dumps({"tokens_per_s": figures, "rounds": rates, "tokens_per_round": tokens}))
     return 0
-
-
-def _measure(engines: dict[str, Any], prompts: list[list[int]], params: dict[str, dict[str, Any]],
-             rounds: int) -> tuple[dict[str, list[float]], dict[str, int]]:
-    rates: dict[str, list[float]] = {name: [] for name in engines}
-    tokens: dict[str, int] = {}
-    try:
-        for name, engine in engines.items():
-            engine.generate(input_ids=prompts[:4], sampling_params=params[name])  # warm-up (and compile)
-        for _ in range(rounds):
-            for name, engine in engines.items():
-                started = time.perf_counter()
-                outs = engine.generate(input_ids=prompts, sampling_params=params[name])
-                tokens[name] = sum(len(o["output_ids"]) for o in outs)
-                rates[name].append(tokens[name] / (time.perf_counter() - started))
-    finally:
-        for engine in engines.values():
-            engine.shutdown()
-    return rates, tokens
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ import argparse
 import json
 import statistics
 import tempfile
-import time
+
+from ops.bench_rounds import measure_interleaved
 
 CONFIGS = (
     ("overlap+fsync", {"disable_overlap_schedule": False, "log_durability": "fsync"}),
@@ -39,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         engines = {name: Engine(model_path=args.model_path, max_total_tokens=65536, max_running_requests=64,
                                 chunked_prefill_size=args.chunked_prefill_size, log_dir=f"{root}/{i}", **cfg)
                    for i, (name, cfg) in enumerate(CONFIGS)}
-        rates = _measure(engines, prompts, params, args.rounds)
+        rates, _ = measure_interleaved(engines, prompts, {name: params for name in engines}, args.rounds)
     figures = {name: statistics.median(r) for name, r in rates.items()}
     base = figures["overlap+none"]
     print(f"{'config':18} {'tokens/s':>10} {'vs overlap+none':>16}")
@@ -47,20 +48,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"{name:18} {rate:10.1f} {rate / base:16.3f}")
     print(json.dumps({"tokens_per_s": figures, "rounds": rates}))
     return 0
-
-
-def _measure(engines: dict, prompts: list[list[int]], params: dict, rounds: int) -> dict[str, list[float]]:
-    rates: dict[str, list[float]] = {name: [] for name in engines}
-    try:
-        for engine in engines.values():
-            engine.generate(input_ids=prompts[:4], sampling_params=params)  # warm-up
-        for _ in range(rounds):
-            for name, engine in engines.items():
-                started = time.perf_counter()
-                outs = engine.generate(input_ids=prompts, sampling_params=params)
-                tokens = sum(len(o["output_ids"]) for o in outs)
-                rates[name].append(tokens / (time.perf_counter() - started))
-    finally:
-        for engine in engines.values():
-            engine.shutdown()
-    return rates
