@@ -1,6 +1,6 @@
 """The model's tokenizer. Encode/decode use the `tokenizers` library directly (fast to
 load, enough for the scheduler); the HF tokenizer, needed only for chat templates, is
-loaded on first use or ahead of time with `preload_chat`."""
+loaded on first use or ahead of time by the server's start-up preload."""
 from __future__ import annotations
 
 import json
@@ -70,9 +70,6 @@ class Tokenizer:
         template = hf.chat_template or PLAIN_CHAT_TEMPLATE
         text = hf.apply_chat_template(messages, chat_template=template, add_generation_prompt=True, tokenize=False)
         return list(hf.encode(text, add_special_tokens=False))
-
-    def preload_chat(self) -> None:
-        threading.Thread(target=self._load_hf, name="tokenizer-preload", daemon=True).start()
 
     def _load_hf(self) -> Any:
         with self._hf_lock:

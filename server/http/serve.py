@@ -67,9 +67,11 @@ def run_server(args: ServerArgs) -> int:
     client = SchedulerClient(args, log_dir)
     client.spawn()  # the scheduler loads the model while the front loads its tokenizer
     tokenizer = Tokenizer(Path(args.tokenizer_path or model_dir))
-    tokenizer.preload_chat()
-    # Constraint checks import xgrammar (and torch); load it now, off the event loop's path.
-    threading.Thread(target=importlib.import_module, args=("xgrammar",), daemon=True).start()
+    # The chat tokenizer (transformers) and the constraint checks (xgrammar, which imports
+    # transformers too) are loaded off the event loop's path, one after the other in ONE
+    # thread: two threads importing the same packages at once raced into ImportErrors.
+    threading.Thread(target=_preload_startup_imports, args=(tokenizer,), name="tokenledger-preload",
+                     daemon=True).start()
     front = Front(args, client, tokenizer, args.served_model_name or model_dir.name)
     app = create_app(front)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="on",
@@ -78,6 +80,11 @@ def run_server(args: ServerArgs) -> int:
     app.router.lifespan_context = _lifespan(server, front)
     server.run()
     return server.exit_code
+
+
+def _preload_startup_imports(tokenizer: Tokenizer) -> None:
+    tokenizer.hf_tokenizer()
+    importlib.import_module("xgrammar")
 
 
 def _lifespan(server: FrontServer, front: Front):  # -> lifespan context factory
