@@ -48,3 +48,7 @@ class UnknownRequestError(CommitLogError):
 
 class LogLockedError(CommitLogError):
     """Another process holds the log open for writing."""
+
+
+class DuplicateLsnError(CommitLogError):
+    """LMDB refused a record put because its LSN is already in the log: another writer, or a bug. Fatal."""

@@ -13,6 +13,7 @@ from commitlog.codec import FORMAT_VERSION, EncodedGroup
 from commitlog.errors import (
     CommitLogError,
     CorruptRecordError,
+    DuplicateLsnError,
     FormatVersionError,
     LogFullError,
     LogLockedError,
@@ -117,7 +118,11 @@ class Wal:
     def _write_once(self, group: EncodedGroup) -> None:
         with self.env.begin(write=True) as txn:
             with txn.cursor(self.records) as cur:
-                cur.putmulti(group.records, append=True)  # MDB_APPEND also refuses an existing LSN
+                # MDB_APPEND refuses an LSN at or below the last one without raising; a short count means
+                # another writer (or a bug) already used these LSNs, and the group must not be called durable.
+                _consumed, added = cur.putmulti(group.records, append=True)
+            if added != len(group.records):
+                raise DuplicateLsnError(_refused_message(txn, self.records, group))
             for rid, packed in group.index:
                 txn.put(rid, packed, db=self.index)
             for rid, lsn in group.live_puts:
@@ -191,3 +196,12 @@ def _check_not_truncated(env: lmdb.Environment, path: Path) -> None:
             f"{path / DATA_FILE} is truncated: {size} bytes on disk, the last committed "
             f"transaction needs {needed}; records past byte {size} are lost and reading them would "
             "crash the process (SIGBUS); restore the log directory from a backup")
+
+
+def _refused_message(txn: lmdb.Transaction, records: lmdb._Database, group: EncodedGroup) -> str:
+    """Names the first LSN of the group that LMDB would not append, so the operator can find the other writer."""
+    for key, _value in group.records:
+        if txn.get(key, db=records) is not None:
+            return (f"LSN {int.from_bytes(key, 'big')} is already in the log: another writer is using it; "
+                    "group aborted, nothing from it is durable")
+    return f"LMDB refused part of group LSN {group.first_lsn}..{group.last_lsn}; group aborted"
