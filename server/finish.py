@@ -29,14 +29,26 @@ def check_finish(
 
 
 def _check_stop_strings(out: Sequence[int], stops: tuple[str, ...], detokenize: Detokenize) -> Finish | None:
-    # A stop string of n bytes spans at most n tokens (each token is >= 1 byte of text);
-    # one extra token covers a string that starts mid-token.
-    window = max(len(s.encode()) for s in stops) + 1
-    tail = detokenize(out[-window:])
+    tail = _stop_window(out, max(len(s) for s in stops), detokenize)
     for stop in stops:
         if stop in tail:
             return FinishReason.STOP, stop
     return None
+
+
+def _stop_window(out: Sequence[int], longest: int, detokenize: Detokenize) -> str:
+    """Decoded text of a tail long enough to hold any stop string that overlaps the newest token.
+
+    Counted in decoded characters, not tokens: a special token decodes to nothing, so any
+    fixed token count can be eaten by them. The window grows (doubling) until the tokens
+    after its first one already decode to `longest` characters beyond the newest token's
+    own text, so a stop string starting mid-way through the first token is still inside.
+    """
+    need = longest + len(detokenize(out[-1:]))
+    k = longest + 1
+    while k < len(out) and len(detokenize(out[-k + 1:])) < need:
+        k *= 2
+    return detokenize(out[-k:])
 
 
 def trim_at_stop(text: str, reason: FinishReason | None, matched: object) -> str:
