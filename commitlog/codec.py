@@ -106,11 +106,17 @@ def encode_value(lsn: int, entry: Entry, ts_ns: int, prev_hash: bytes) -> tuple[
     return _HEADER.pack(FORMAT_VERSION, entry.kind, crc, chain_hash) + body, chain_hash
 
 
+def stray_key_message(key: bytes) -> str:
+    """A key LMDB sorts among the LSNs but that names none: it is reported, never taken for an LSN."""
+    return (f"records-table key {key.hex()} ({len(key)} bytes) is not an 8-byte LSN: inserted or damaged; "
+            "salvage copies the log without it")
+
+
 def decode_value(key: bytes, value: bytes) -> Record:
     """Decode and CRC-check one record; any defect raises CorruptRecordError naming the LSN."""
-    lsn = key_lsn(key)
     if len(key) != 8:
-        raise CorruptRecordError(f"key is {len(key)} bytes, expected 8", lsn)
+        raise CorruptRecordError(stray_key_message(key))  # no LSN: its bytes name none
+    lsn = key_lsn(key)
     kind, ts_ns, rid, payload, chain_hash, body = decode_fields(lsn, value)
     return Record(lsn, Kind(kind), ts_ns, rid, payload, chain_hash, body)
 

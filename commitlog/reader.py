@@ -84,40 +84,62 @@ class LogReader:
             self.wal.env.set_mapsize(0)
             return self.wal.env.begin()
 
-    def _read_chunk(self, start: int, end: int | None, limit: int) -> list[Record]:
+    def _read_chunk(self, resume: bytes, end: int | None, limit: int) -> tuple[list[Record], bytes | None]:
+        """Records from key `resume` on; returns them and the key to resume at (None: nothing after).
+
+        Resuming by key, not by LSN + 1, and checking a key's length before comparing it with `end`,
+        means a stray key (not 8 bytes) is always met and refused by `decode_value`, never skipped."""
         out: list[Record] = []
+        stop = None if end is None else lsn_key(end + 1)
         with self._begin() as txn, txn.cursor(self.wal.records) as cur:
-            if not cur.set_range(lsn_key(start)):
-                return out
+            if not cur.set_range(resume):
+                return out, None
             for key, value in cur:
-                if (end is not None and key_lsn(key) > end) or len(out) >= limit:
-                    break
+                if len(key) == 8 and stop is not None and key >= stop:
+                    return out, None
+                if len(out) >= limit:
+                    return out, key
                 out.append(decode_value(key, value))
-        return out
+        return out, None
 
     def records(self, start: int = 1, end: int | None = None) -> Iterator[Record]:
         """Records with start <= LSN <= end, in order, read in bounded chunks."""
-        while True:
-            chunk = self._read_chunk(start, end, _CHUNK)
+        resume: bytes | None = lsn_key(start) if start > 1 else b""
+        while resume is not None:
+            chunk, resume = self._read_chunk(resume, end, _CHUNK)
             yield from chunk
-            if len(chunk) < _CHUNK:
-                return
-            start = chunk[-1].lsn + 1
 
     def follow(self, start: int = 1, poll_s: float = 0.05,
                stop: threading.Event | None = None) -> Iterator[Record]:
         """Like `records` but waits for new records until `stop` is set."""
+        resume = lsn_key(start) if start > 1 else b""
         while stop is None or not stop.is_set():
-            chunk = self._read_chunk(start, None, _CHUNK)
+            chunk, after = self._read_chunk(resume, None, _CHUNK)
             yield from chunk
-            if chunk:
-                start = chunk[-1].lsn + 1
+            if after is not None:
+                resume = after
+            elif chunk:
+                resume = lsn_key(chunk[-1].lsn) + b"\x00"  # the next key after it, of any length
             else:
                 time.sleep(poll_s)
 
     def last_lsn(self) -> int:
+        """The highest LSN; a stray key after it (not 8 bytes) is not taken for an LSN (issue 10 C.13)."""
         with self._begin() as txn, txn.cursor(self.wal.records) as cur:
-            return key_lsn(cur.key()) if cur.last() else 0
+            found = cur.last()
+            while found and len(cur.key()) != 8:
+                found = cur.prev()
+            return key_lsn(cur.key()) if found else 0
+
+    def stray_keys(self) -> list[bytes]:
+        """Every records-table key that is not an 8-byte LSN, in key order (a keys-only pass)."""
+        with self._begin() as txn, txn.cursor(self.wal.records) as cur:
+            return [bytes(key) for key in cur.iternext(keys=True, values=False) if len(key) != 8]
+
+    def num_keys(self) -> int:
+        """Entries in the records table, from LMDB's own count (no scan)."""
+        with self._begin() as txn:
+            return int(txn.stat(self.wal.records)["entries"])
 
     def request_records(self, rid: str) -> list[Record]:
         """A request's records: from the index once finished, else by scanning from its BEGIN."""

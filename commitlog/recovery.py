@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from commitlog.codec import Encoder, Entry, Kind
+from commitlog.codec import Encoder, Entry, Kind, stray_key_message
 from commitlog.errors import CorruptRecordError
 from commitlog.reader import LogReader
 from commitlog.state import FinishReason, finish_entry, replay
@@ -28,11 +28,28 @@ def recover(wal: Wal) -> tuple[Encoder, list[Entry], RecoveryReport]:
     cleared = wal.env.reader_check()
     reader = LogReader(wal)
     try:
+        _refuse_stray_keys(reader)
         last_lsn, last_hash = reader.verify_tail(TAIL_CHECK_RECORDS)
         entries, lsns, report = _close_interrupted(reader, last_lsn, cleared)
     except CorruptRecordError as exc:
         raise CorruptRecordError(exc.detail, exc.lsn, str(wal.log_dir)) from None
     return Encoder(last_lsn + 1, last_hash, lsns), entries, report
+
+
+def _refuse_stray_keys(reader: LogReader) -> None:
+    """A key that is not an 8-byte LSN would be taken for a far-away LSN (issue 10 C.13): refuse it.
+
+    LMDB's entry count is free; only when it disagrees with what the LSNs and the checkpoint
+    account for is every key read (keys only), to name the stray ones."""
+    last = reader.last_lsn()
+    cp = reader.checkpoint()
+    expected = last if cp is None else len(cp.payload["kept"]) + last - int(cp.payload["start"]) + 1
+    if reader.num_keys() == expected:
+        return
+    stray = reader.stray_keys()
+    if stray:
+        more = f" (and {len(stray) - 1} more such key(s))" if len(stray) > 1 else ""
+        raise CorruptRecordError(stray_key_message(stray[0]) + more)
 
 
 def _close_interrupted(reader: LogReader, last_lsn: int,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import lmdb
 
-from commitlog.codec import GENESIS_HASH, Payload, key_lsn, lsn_key, scan_value
+from commitlog.codec import GENESIS_HASH, Payload, key_lsn, lsn_key, scan_value, stray_key_message
 from commitlog.errors import CorruptRecordError
 from commitlog.reader import LogReader
 
@@ -23,6 +23,7 @@ ScannedRecord = tuple[int, int, int, "str | None", Payload]  # lsn, kind, ts_ns,
 class ChainBreak:
     lsn: int
     message: str
+    check: str = "chain"  # or "key": a records-table key that is not an 8-byte LSN
 
 
 @dataclass(slots=True)
@@ -48,16 +49,16 @@ class Scan:
     lost: list[int] = field(default_factory=list)  # LSNs a salvage could not copy
 
     def __iter__(self) -> Iterator[ScannedRecord]:
+        """Ranges partition the key space, not the LSNs: [key(start), key(end + 1)), the first from the
+        table's first key. So a key of any length lies in exactly one range and is seen (issue 10 C.13)."""
         self._start()
-        start = self.start
+        resume: bytes | None = None if self.start <= 1 else lsn_key(self.start)
         while True:
-            count = self.num_records
-            yield from self._read_chunk(start)
+            resume = yield from self._read_chunk(resume)
             if self.progress is not None:
                 self.progress(self.num_records)
-            if self.num_records - count < SCAN_CHUNK:
+            if resume is None:
                 break
-            start = self.last_lsn + 1
         if self.start <= 1:  # the scan that covers the region below the checkpoint
             for lsn in sorted(self.kept):
                 self.breaks.append(ChainBreak(lsn, "listed in the checkpoint as kept, but missing (record removed)"))
@@ -78,26 +79,33 @@ class Scan:
         """Take the chain from the stored hash of the last record before `start` (its own scan checks it)."""
         with self.reader._begin() as txn, txn.cursor(self.reader.wal.records) as cur:
             found = cur.prev() if cur.set_range(lsn_key(self.start)) else cur.last()
+            while found and len(cur.key()) != 8:  # a stray key is the other range's to report
+                found = cur.prev()
             if found and key_lsn(cur.key()) >= self.cut:
                 self.head_lsn, self.head = key_lsn(cur.key()), bytes(cur.value()[6:38])
 
-    def _read_chunk(self, start: int) -> Iterator[ScannedRecord]:
-        """Up to SCAN_CHUNK records from `start`, yielded inside one read txn.
+    def _read_chunk(self, resume: bytes | None) -> Iterator[ScannedRecord]:
+        """Up to SCAN_CHUNK records from key `resume` (None: the first key), yielded inside one read txn;
+        returns the key to resume at, or None at the range's end.
 
         The hot loop of `verify`: the per-record work is inlined and records are not collected
         (holding a chunk of payloads makes the cyclic GC rescan them)."""
-        lsn, end, cut, watch, probe = start - 1, self.end, self.cut, self.watch, self.probe
+        lsn, cut, watch, probe = self.last_lsn or self.start - 1, self.cut, self.watch, self.probe
+        stop = None if self.end is None else lsn_key(self.end + 1)
         head, head_lsn, count, first, last = self.head, self.head_lsn, 0, 0, 0
         try:
             with self.reader._begin() as txn, txn.cursor(self.reader.wal.records) as cur:
-                if not cur.set_range(lsn_key(start)):
-                    return
+                if not (cur.first() if resume is None else cur.set_range(resume)):
+                    return None
                 for key, value in cur:
-                    lsn = int.from_bytes(key, "big")
-                    if (end is not None and lsn > end) or count >= SCAN_CHUNK:
-                        break
+                    if stop is not None and key >= stop:
+                        return None
+                    if count >= SCAN_CHUNK:
+                        return key
                     if len(key) != 8:
-                        raise CorruptRecordError(f"key is {len(key)} bytes, expected 8", lsn)
+                        self.breaks.append(ChainBreak(lsn, stray_key_message(key), "key"))
+                        continue
+                    lsn = int.from_bytes(key, "big")
                     if lsn < cut:
                         kind, ts_ns, rid, payload, chain_hash = self._check_kept(lsn, value)
                     else:
@@ -111,6 +119,7 @@ class Scan:
                         self.probe_hash = chain_hash
                     first, last, count = first or lsn, lsn, count + 1
                     yield lsn, kind, ts_ns, rid, payload
+                return None
         except lmdb.Error as exc:
             raise CorruptRecordError(f"the LMDB file is damaged after this record ({exc})", lsn + 1) from None
         finally:

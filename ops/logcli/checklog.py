@@ -132,7 +132,7 @@ def _summarise(report: LogCheck, parts: list[_RangeOutcome], expect: ExpectedHea
     out = report.merged.violations
     for part in parts:
         for brk in part.breaks:
-            out.add(brk.lsn, None, "chain", brk.message)
+            out.add(brk.lsn, None, brk.check, brk.message)
     if expect is not None:
         _check_head(report, parts, expect)
     out.items.sort(key=lambda v: v.lsn)
