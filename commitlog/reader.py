@@ -47,21 +47,33 @@ class _ChainCursor:
     prev_hash: bytes
     kept: dict[int, bytes]
     expected: int
+    below: tuple[int, bytes] = (0, GENESIS_HASH)  # the last record below the cut: (LSN, stored hash)
 
     def check(self, record: Record) -> None:
         if record.lsn < self.cut:
-            prev = self.kept.pop(record.lsn, None)
-            if prev is None:
-                raise CorruptRecordError("record precedes the checkpoint's start and is not listed in it",
-                                         record.lsn)
-            if chain(prev, record.body) != record.chain_hash:
-                raise CorruptRecordError("hash chain broken (record edited)", record.lsn)
+            self._check_kept(record)
             return
         if record.lsn != self.expected:
             raise CorruptRecordError(f"LSN gap: expected {self.expected} (records removed)", record.lsn)
         if chain(self.prev_hash, record.body) != record.chain_hash:
             raise CorruptRecordError("hash chain broken (record edited, inserted or removed)", record.lsn)
         self.prev_hash, self.expected = record.chain_hash, record.lsn + 1
+
+    def _check_kept(self, record: Record) -> None:
+        """As `Scan._check_kept`: a listed predecessor hash must be the stored hash of LSN - 1 where that
+        record exists, and the anchor the stored hash of `cut - 1` (issue 10 C.11)."""
+        prev = self.kept.pop(record.lsn, None)
+        if prev is None:
+            raise CorruptRecordError("record precedes the checkpoint's start and is not listed in it", record.lsn)
+        below_lsn, below_hash = self.below
+        if below_lsn and below_lsn == record.lsn - 1 and prev != below_hash:
+            raise CorruptRecordError(f"the checkpoint lists a predecessor hash that is not the stored hash of "
+                                     f"LSN {below_lsn} (forged checkpoint)", record.lsn)
+        if chain(prev, record.body) != record.chain_hash:
+            raise CorruptRecordError("hash chain broken (record edited)", record.lsn)
+        if record.lsn == self.cut - 1 and record.chain_hash != self.prev_hash:
+            raise CorruptRecordError("the checkpoint's anchor is not this record's stored hash", record.lsn)
+        self.below = (record.lsn, record.chain_hash)
 
 
 class LogReader:

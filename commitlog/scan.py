@@ -47,6 +47,7 @@ class Scan:
     cut: int = 1
     kept: dict[int, bytes] = field(default_factory=dict)
     lost: list[int] = field(default_factory=list)  # LSNs a salvage could not copy
+    below: tuple[int, bytes] = (0, GENESIS_HASH)  # the last record read below the cut: (LSN, stored hash)
 
     def __iter__(self) -> Iterator[ScannedRecord]:
         """Ranges partition the key space, not the LSNs: [key(start), key(end + 1)), the first from the
@@ -107,7 +108,7 @@ class Scan:
                         continue
                     lsn = int.from_bytes(key, "big")
                     if lsn < cut:
-                        kind, ts_ns, rid, payload, chain_hash = self._check_kept(lsn, value)
+                        kind, ts_ns, rid, payload, chain_hash = self._check_kept(lsn, value, head)
                     else:
                         kind, ts_ns, rid, payload, chain_hash, chained = scan_value(lsn, value, head)
                         if lsn != head_lsn + 1 or not chained:
@@ -128,13 +129,27 @@ class Scan:
             self.first_lsn = self.first_lsn or first
             self.last_lsn = last or self.last_lsn
 
-    def _check_kept(self, lsn: int, value: bytes) -> tuple[int, int, str | None, Payload, bytes]:
+    def _check_kept(self, lsn: int, value: bytes, anchor: bytes) -> tuple[int, int, str | None, Payload, bytes]:
+        """A record below the cut: chained from the predecessor hash the checkpoint lists for it.
+
+        A listed hash proves nothing by itself (issue 10 C.11: a forged CHECKPOINT can list, for the
+        record after an edited one, the hash it was chained from before the edit). So where the
+        record at `lsn - 1` exists, the listed hash must be its stored hash; and the anchor must be
+        the stored hash of the record at `cut - 1`. Then an edit changes every later stored hash."""
         prev = self.kept.pop(lsn, None)
         kind, ts_ns, rid, payload, chain_hash, chained = scan_value(lsn, value, prev or GENESIS_HASH)
+        below_lsn, below_hash = self.below
         if prev is None:
             self.breaks.append(ChainBreak(lsn, "precedes the checkpoint's start and is not listed in it (inserted)"))
+        elif below_lsn == lsn - 1 and below_lsn and prev != below_hash:
+            self.breaks.append(ChainBreak(lsn, f"the checkpoint lists a predecessor hash that is not the stored hash "
+                                               f"of LSN {below_lsn} (forged checkpoint, or a record before it edited)"))
         elif not chained:
             self.breaks.append(ChainBreak(lsn, "hash chain broken (record edited)"))
+        if lsn == self.cut - 1 and chain_hash != anchor:
+            self.breaks.append(ChainBreak(lsn, "the checkpoint's anchor is not this record's stored hash "
+                                               "(forged checkpoint, or this record edited)"))
+        self.below = (lsn, chain_hash)
         return kind, ts_ns, rid, payload, chain_hash
 
     def _chain_break(self, lsn: int, head_lsn: int, chained: bool) -> None:

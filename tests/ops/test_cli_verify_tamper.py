@@ -141,3 +141,56 @@ def test_inserted_record_with_renumbering_fails_the_published_head(tmp_path: Pat
     _rewrite(log, insert)
     (v,) = _violations(log, head)
     assert v["check"] == "head" and re.search(r"LSN \d+ was edited, inserted or removed|at or before", v["message"])
+
+
+def _forge_checkpoint_over_an_edit(log: Path) -> None:
+    """Edit COMMIT LSN 8 (its own hash recomputed from LSN 7's), then append a CHECKPOINT listing every
+    record with the predecessor hash each was chained from, so every per-record check passes."""
+    from commitlog.codec import META_CHECKPOINT, chain
+
+    raw = dict(_raw(log))
+    last = max(raw)
+    (lsn, ts, entry) = _entries(log)[7]
+    entry.payload["ids"] = [777]
+    edited, _ = encode_value(lsn, entry, ts, raw[7][6:38])
+    originals = {n: bytes(v[6:38]) for n, v in raw.items()}
+    kept = [[n, originals.get(n - 1, GENESIS_HASH)] for n in sorted(raw)]
+    anchor = originals[last]
+    assert chain(kept[8][1], raw[9][38:]) == originals[9]  # LSN 9 listed with the hash it was chained from
+    closing = Entry(Kind.CHECKPOINT, None, {"start": last + 1, "anchor": anchor, "kept": kept, "dropped_requests": 0})
+    value, _ = encode_value(last + 1, closing, ts, anchor)
+    wal = Wal.open(log)
+    with wal.env.begin(write=True) as txn:
+        txn.put(lsn_key(8), edited, db=wal.records)
+        txn.put(lsn_key(last + 1), value, db=wal.records)
+        txn.put(META_CHECKPOINT, lsn_key(last + 1), db=wal.meta)
+    wal.close()
+
+
+def test_verify_rejects_forged_checkpoint_predecessor_hash(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    head = _make(log)
+    _forge_checkpoint_over_an_edit(log)
+    for published in (head, head.split(":")[1]):
+        ran = cli("verify", "--log-dir", log, "--json", "--expect-head", published)
+        assert ran.rc == 1, ran.out
+        chain_breaks = [v for v in ran.json()["violations"] if v["check"] == "chain"]
+        assert [v["lsn"] for v in chain_breaks] == [9] and "predecessor" in chain_breaks[0]["message"]
+    assert cli("verify", "--log-dir", log).rc == 1  # the forgery is visible without a published head too
+
+
+def test_log_reader_verify_rejects_forged_checkpoint_predecessor_hash(tmp_path: Path) -> None:
+    import pytest
+
+    from commitlog import CorruptRecordError
+
+    log = tmp_path / "log"
+    _make(log)
+    _forge_checkpoint_over_an_edit(log)
+    reader = LogReader.open(log)
+    try:
+        with pytest.raises(CorruptRecordError) as info:
+            reader.verify()
+    finally:
+        reader.close()
+    assert info.value.lsn == 9 and "predecessor" in str(info.value)
