@@ -72,6 +72,7 @@ class RequestAudit:
     abort_lsn: int | None
     finish_lsn: int | None
     finish_logged: bool  # False: no FINISH record (running, or a crash nobody has recovered yet)
+    incarnation: int = 1  # 1 for a rid's first BEGIN in the log, 2 when the rid was used again, ...
     begin_ns: int = field(default=0, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,6 +88,7 @@ class _Trail:
     state: RequestState
     begin: Record
     last_lsn: int
+    incarnation: int = 1
     abort_lsn: int | None = None
     finish: Record | None = None
 
@@ -110,28 +112,39 @@ class _Trail:
             s.doom_source.value if s.doom_source else None, s.doom_reason, iso_time(s.abort_time_ns),
             len(s.discards), list(s.discards), s.num_commits, s.kv_committed_len, dict(s.sampling_params),
             self.begin.lsn, self.last_lsn, self.abort_lsn, self.finish.lsn if self.finish else None,
-            self.finish is not None, self.begin.ts_ns)
+            self.finish is not None, self.incarnation, self.begin.ts_ns)
+
+
+def audit_incarnations(records: Iterable[Record], writer_alive: bool = True) -> list[RequestAudit]:
+    """One audit per BEGIN in a rid's records (LSN order): a rid used again after it finished has
+    several incarnations, each its own account (issue 10 C.14)."""
+    trails: list[_Trail] = []
+    for record in records:
+        if record.kind is Kind.BEGIN:
+            trails.append(_Trail(state_from_begin(record), record, record.lsn, len(trails) + 1))
+        elif trails:
+            trails[-1].apply(record)
+    return [trail.audit(writer_alive) for trail in trails]
 
 
 def audit_records(records: Iterable[Record], writer_alive: bool = True) -> RequestAudit | None:
-    """One request's audit from its records in LSN order; None without a BEGIN."""
-    trail: _Trail | None = None
-    for record in records:
-        if record.kind is Kind.BEGIN:
-            trail = _Trail(state_from_begin(record), record, record.lsn)
-        elif trail is not None:
-            trail.apply(record)
-    return None if trail is None else trail.audit(writer_alive)
+    """The latest incarnation's audit from a rid's records in LSN order; None without a BEGIN."""
+    audits = audit_incarnations(records, writer_alive)
+    return audits[-1] if audits else None
 
 
-def audit_request(reader: LogReader, rid: str, writer_alive: bool = True) -> dict[str, Any] | None:
+def audit_request(reader: LogReader, rid: str, writer_alive: bool = True,
+                  incarnation: int | None = None) -> dict[str, Any] | None:
     """The JSON object for `GET /requests/{rid}`; None when the log has no such request.
 
-    `writer_alive=False` (a crashed server's log, not yet reopened) reports a request with no
-    FINISH as `interrupted` instead of `running`.
+    The latest incarnation by default (its `incarnation` field says how many came before), or the
+    one numbered `incarnation` (1-based). `writer_alive=False` (a crashed server's log, not yet
+    reopened) reports a request with no FINISH as `interrupted` instead of `running`.
     """
-    audit = audit_records(reader.request_records(rid), writer_alive)
-    return None if audit is None else audit.to_dict()
+    audits = audit_incarnations(reader.request_records(rid), writer_alive)
+    if incarnation is not None:
+        audits = [a for a in audits if a.incarnation == incarnation]
+    return audits[-1].to_dict() if audits else None
 
 
 def iter_audits(reader: LogReader, until_lsn: int | None = None, writer_alive: bool = True,
@@ -148,6 +161,7 @@ def iter_audit_states(reader: LogReader, until_lsn: int | None = None, writer_al
                       progress: Callable[[int], None] | None = None) -> Iterator[tuple[RequestAudit, RequestState]]:
     """`iter_audits` with each request's full replayed state (top logprobs, hidden states...)."""
     open_trails: dict[str, _Trail] = {}
+    begun: dict[str, int] = {}  # BEGINs seen per rid: numbers each incarnation as `audit_incarnations` does
     alive = writer_alive or until_lsn is not None
     for n, record in enumerate(reader.records(1, until_lsn), 1):
         if progress is not None and n % 4096 == 0:
@@ -155,7 +169,8 @@ def iter_audit_states(reader: LogReader, until_lsn: int | None = None, writer_al
         if record.rid is None:
             continue
         if record.kind is Kind.BEGIN:
-            open_trails[record.rid] = _Trail(state_from_begin(record), record, record.lsn)
+            begun[record.rid] = begun.get(record.rid, 0) + 1
+            open_trails[record.rid] = _Trail(state_from_begin(record), record, record.lsn, begun[record.rid])
             continue
         trail = open_trails.get(record.rid)
         if trail is None:

@@ -154,16 +154,25 @@ class LogReader:
             return int(txn.stat(self.wal.records)["entries"])
 
     def request_records(self, rid: str) -> list[Record]:
-        """A request's records: from the index once finished, else by scanning from its BEGIN."""
+        """Every incarnation's records of a rid, in LSN order: the finished ones from the index, the
+        running one (if any) by scanning from its BEGIN in `live`."""
         key = rid.encode()
         with self._begin() as txn:
             packed = txn.get(key, db=self.wal.index)
-            begin = None if packed is not None else txn.get(key, db=self.wal.live)
-            if packed is not None:
-                return [self._get(txn, lsn, rid) for lsn in unpack_lsns(packed)]
+            begin = txn.get(key, db=self.wal.live)
+            finished = [] if packed is None else [self._get(txn, lsn, rid) for lsn in unpack_lsns(packed)]
         if begin is None:
-            return []
-        return [r for r in self.records(key_lsn(begin)) if r.rid == rid]
+            return finished
+        return finished + self._scan_from(key_lsn(begin), rid)
+
+    def running_records(self, rid: str) -> list[Record]:
+        """The records of a rid's running incarnation (from its BEGIN in `live`); [] when none runs."""
+        with self._begin() as txn:
+            begin = txn.get(rid.encode(), db=self.wal.live)
+        return [] if begin is None else self._scan_from(key_lsn(begin), rid)
+
+    def _scan_from(self, begin_lsn: int, rid: str) -> list[Record]:
+        return [r for r in self.records(begin_lsn) if r.rid == rid]
 
     def _get(self, txn: lmdb.Transaction[bytes], lsn: int, rid: str) -> Record:
         value = txn.get(lsn_key(lsn), db=self.wal.records)

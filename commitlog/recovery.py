@@ -60,7 +60,7 @@ def _close_interrupted(reader: LogReader, last_lsn: int,
     entries: list[Entry] = []
     lsns: dict[str, list[int]] = {}
     for rid in interrupted:
-        records = reader.request_records(rid)
+        records = reader.running_records(rid)  # this incarnation only: earlier ones are indexed already
         state = replay(records)
         assert state is not None, f"live table names {rid!r} but its BEGIN is missing"
         state.finish_reason = FinishReason.INTERRUPTED

@@ -41,27 +41,52 @@ class RetentionPlan:
 
 
 def plan_retention(reader: LogReader, policy: RetentionPolicy, live: set[str], now_ns: int) -> RetentionPlan | None:
-    """Decide what to drop; None when nothing would be. Reads the whole log once."""
+    """Decide what to drop; None when nothing would be. Reads the whole log once.
+
+    `live` (the ledger's running rids) needs no test of its own: a running incarnation has no FINISH."""
     records = list(reader.records())
     if not records:
         return None
     old = reader.checkpoint()
     old_cut = 1 if old is None else int(old.payload["start"])
     cut = max(_cut_for(records, policy, now_ns), old_cut)
-    finished_before = {r.rid for r in records if r.kind is Kind.FINISH and r.lsn < cut}
-    droppable = finished_before - live
+    droppable, dropped = _finished_before(records, cut)
     hashes = {r.lsn: r.chain_hash for r in records}
     old_prev = {} if old is None else {int(lsn): prev for lsn, prev in old.payload["kept"]}
     anchor = hashes.get(cut - 1) or (old.payload["anchor"] if old is not None else b"")
-    plan = RetentionPlan(cut, anchor, dropped_requests=sorted(r for r in droppable if r is not None))
+    plan = RetentionPlan(cut, anchor, dropped_requests=sorted(dropped))
     for r in records:
         if r.lsn >= cut:
             break
-        if r.rid is None or r.rid in droppable:
+        if r.rid is None or r.lsn in droppable:
             plan.deletes.append((lsn_key(r.lsn), None if r.rid is None else r.rid.encode()))
         else:
             plan.kept.append([r.lsn, hashes.get(r.lsn - 1) or old_prev[r.lsn]])
     return plan if plan.deletes else None
+
+
+def _finished_before(records: list[Record], cut: int) -> tuple[set[int], list[str]]:
+    """LSNs of every incarnation whose FINISH is below the cut, and their rids (once per incarnation).
+
+    Per incarnation, not per rid: a rid used again may have a finished incarnation below the cut and
+    a later one still running there (issue 10 C.14); the later one is kept whole. A request live in
+    the ledger has no FINISH in the log, so it is never dropped."""
+    current: dict[str, list[int]] = {}
+    droppable: set[int] = set()
+    dropped: list[str] = []
+    for r in records:
+        if r.lsn >= cut:
+            break
+        if r.rid is None:
+            continue
+        if r.kind is Kind.BEGIN:
+            current[r.rid] = [r.lsn]
+            continue
+        current.setdefault(r.rid, []).append(r.lsn)
+        if r.kind is Kind.FINISH:
+            droppable.update(current.pop(r.rid))
+            dropped.append(r.rid)
+    return droppable, dropped
 
 
 def _cut_for(records: list[Record], policy: RetentionPolicy, now_ns: int) -> int:

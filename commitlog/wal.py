@@ -9,7 +9,7 @@ from pathlib import Path
 
 import lmdb
 
-from commitlog.codec import FORMAT_VERSION, EncodedGroup
+from commitlog.codec import FORMAT_VERSION, EncodedGroup, key_lsn, pack_lsns, unpack_lsns
 from commitlog.errors import (
     CommitLogError,
     CorruptRecordError,
@@ -124,7 +124,10 @@ class Wal:
             if added != len(group.records):
                 raise DuplicateLsnError(_refused_message(txn, self.records, group))
             for rid, packed in group.index:
-                txn.put(rid, packed, db=self.index)
+                # Append, never overwrite: a rid used again after it finished keeps every earlier
+                # incarnation findable (issue 10 C.14; FORMAT.md "Tables"). LSNs only grow, so it stays sorted.
+                earlier = txn.get(rid, db=self.index)
+                txn.put(rid, packed if earlier is None else earlier + packed, db=self.index)
             for rid, lsn in group.live_puts:
                 txn.put(rid, lsn, db=self.live)
             for rid in group.live_deletes:
@@ -134,9 +137,19 @@ class Wal:
             self._delete_records(txn, group.deletes)
 
     def _delete_records(self, txn: lmdb.Transaction, deletes: list[tuple[bytes, bytes | None]]) -> None:
+        """Retention's deletes; a rid's index entry loses exactly the deleted LSNs (a later incarnation
+        of the same rid keeps its own), and goes when none is left."""
+        dropped: dict[bytes, set[int]] = {}
         for key, rid in deletes:
             txn.delete(key, db=self.records)
             if rid is not None:
+                dropped.setdefault(rid, set()).add(key_lsn(key))
+        for rid, lsns in dropped.items():
+            packed = txn.get(rid, db=self.index)
+            kept = [] if packed is None else [lsn for lsn in unpack_lsns(packed) if lsn not in lsns]
+            if kept:
+                txn.put(rid, pack_lsns(kept), db=self.index)
+            else:
                 txn.delete(rid, db=self.index)
 
     def _grow(self) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from commitlog.audit import (
     STATUSES,
     RequestAudit,
-    audit_records,
+    audit_incarnations,
     iter_audits,
     writer_alive,
 )
@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("audit", help="per-request account from the log (JSON lines or a table)",
                        description=__doc__)
     add_log_dir(p)
-    p.add_argument("--rid", default=None, help="only this request")
+    p.add_argument("--rid", default=None, help="only this request (each incarnation, when the rid was used again)")
     p.add_argument("--status", choices=STATUSES, default=None, help="only requests with this status")
     p.add_argument("--since", type=parse_since, default=None, metavar="T",
                    help="only requests begun at or after T: a duration ago (15m, 2h, 1d), epoch seconds or ISO 8601")
@@ -40,10 +40,9 @@ def run(args: argparse.Namespace) -> int:
     alive = writer_alive(args.log_dir)
     with open_log(args.log_dir) as reader:
         if args.rid is not None:
-            one = audit_records(reader.request_records(args.rid), alive)
-            if one is None:
+            audits: Iterable[RequestAudit] = audit_incarnations(reader.request_records(args.rid), alive)
+            if not audits:
                 return fail(f"no request {args.rid!r} in {args.log_dir}")
-            audits: Iterable[RequestAudit] = [one]
         else:
             tick_total = reader.last_lsn()
             with progress_bar("audit", tick_total) as tick:

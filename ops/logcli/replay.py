@@ -10,7 +10,7 @@ from typing import Any
 from rich.table import Table
 
 from commitlog import Kind, Record
-from commitlog.audit import audit_records, iter_audits, writer_alive
+from commitlog.audit import audit_incarnations, iter_audits, writer_alive
 from ops.logcli.common import (
     TextDecoder,
     add_log_dir,
@@ -74,15 +74,17 @@ def print_timeline(records: list[Record], decoder: TextDecoder | None, alive: bo
                       _detail(record, decoder))
     out = stdout()
     out.print(table)
-    audit = audit_records(records, alive)
-    if audit is None:
+    audits = audit_incarnations(records, alive)
+    if not audits:
         out.print("no BEGIN for this request in the log (lost in a salvage?)")
         return
-    out.print(f"status {audit.status}, finish reason {_reason(audit.finish_reason)}, "
-              f"{audit.completion_tokens} output token(s), {audit.discarded_results} discarded result(s)")
-    out.print(f"output_ids {audit.output_ids}")
-    if decoder is not None:
-        out.print(f"text {decoder.decode(audit.output_ids, audit.finish_reason)!r}")
+    for audit in audits:  # a rid used again after it finished: one account per incarnation
+        label = f"incarnation {audit.incarnation} (BEGIN at LSN {audit.begin_lsn}): " if len(audits) > 1 else ""
+        out.print(f"{label}status {audit.status}, finish reason {_reason(audit.finish_reason)}, "
+                  f"{audit.completion_tokens} output token(s), {audit.discarded_results} discarded result(s)")
+        out.print(f"output_ids {audit.output_ids}")
+        if decoder is not None:
+            out.print(f"text {decoder.decode(audit.output_ids, audit.finish_reason)!r}")
 
 
 def _detail(record: Record, decoder: TextDecoder | None) -> str:
