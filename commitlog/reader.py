@@ -76,6 +76,10 @@ class _ChainCursor:
         self.below = (record.lsn, record.chain_hash)
 
 
+def _short(lsns: list[int]) -> str:
+    return "[" + ", ".join(map(str, lsns[:8])) + (", ...]" if len(lsns) > 8 else "]")
+
+
 class LogReader:
     """Queries over a Wal; open another process's log with `LogReader.open(log_dir)`."""
 
@@ -154,34 +158,64 @@ class LogReader:
             return int(txn.stat(self.wal.records)["entries"])
 
     def request_records(self, rid: str) -> list[Record]:
-        """Every incarnation's records of a rid, in LSN order: the finished ones from the index, the
-        running one (if any) by scanning from its BEGIN in `live`."""
+        """Every incarnation's records of a rid, in LSN order: the finished ones found through the
+        index, the running one (if any) by scanning from its BEGIN in `live`.
+
+        Neither table is in the hash chain, so neither is trusted beyond what the records prove
+        (issue 10 C.12): each indexed incarnation is read from its BEGIN to its FINISH and must be
+        exactly the LSNs the index lists; anything else raises CorruptRecordError."""
         key = rid.encode()
         with self._begin() as txn:
             packed = txn.get(key, db=self.wal.index)
             begin = txn.get(key, db=self.wal.live)
-            finished = [] if packed is None else [self._get(txn, lsn, rid) for lsn in unpack_lsns(packed)]
-        if begin is None:
-            return finished
-        return finished + self._scan_from(key_lsn(begin), rid)
+        indexed = [] if packed is None else unpack_lsns(packed)
+        records: list[Record] = []
+        while len(records) < len(indexed):
+            records.extend(self._proven_incarnation(rid, indexed, len(records)))
+        if begin is not None:
+            running = self._incarnation(rid, key_lsn(begin))
+            if not running or running[0].kind is not Kind.BEGIN or running[0].lsn != key_lsn(begin):
+                raise CorruptRecordError(f"the live table names LSN {key_lsn(begin)} as the BEGIN of {rid!r}, but "
+                                         "no BEGIN of it is there (live table rewritten or damaged)", key_lsn(begin))
+            if records and running[0].lsn <= records[-1].lsn:
+                raise CorruptRecordError(f"the live table names a BEGIN of {rid!r} inside an indexed incarnation",
+                                         key_lsn(begin))
+            records.extend(running)
+        return records
+
+    def _proven_incarnation(self, rid: str, indexed: list[int], at: int) -> list[Record]:
+        """The incarnation the index lists from position `at`, read from the records themselves."""
+        records = self._incarnation(rid, indexed[at])
+        lsns = [r.lsn for r in records]
+        if (not records or records[0].kind is not Kind.BEGIN or records[-1].kind is not Kind.FINISH
+                or lsns != indexed[at:at + len(lsns)]):
+            raise CorruptRecordError(
+                f"the index lists LSNs {_short(indexed[at:])} for {rid!r}, but its records from LSN {indexed[at]} "
+                f"are {_short(lsns)}{'' if records and records[-1].kind is Kind.FINISH else ' (no FINISH)'}: "
+                "the per-request index was rewritten or damaged", indexed[at])
+        return records
+
+    def _incarnation(self, rid: str, begin_lsn: int) -> list[Record]:
+        """The rid's records from `begin_lsn` up to its FINISH (or the end of the log); [] when the
+        record there is not the rid's."""
+        out: list[Record] = []
+        for record in self.records(begin_lsn):
+            if record.rid != rid:
+                if not out:
+                    return out
+                continue
+            if out and record.kind is Kind.BEGIN:
+                break
+            out.append(record)
+            if record.kind is Kind.FINISH:
+                break
+        return out
 
     def running_records(self, rid: str) -> list[Record]:
         """The records of a rid's running incarnation (from its BEGIN in `live`); [] when none runs."""
         with self._begin() as txn:
             begin = txn.get(rid.encode(), db=self.wal.live)
-        return [] if begin is None else self._scan_from(key_lsn(begin), rid)
-
-    def _scan_from(self, begin_lsn: int, rid: str) -> list[Record]:
-        return [r for r in self.records(begin_lsn) if r.rid == rid]
-
-    def _get(self, txn: lmdb.Transaction[bytes], lsn: int, rid: str) -> Record:
-        value = txn.get(lsn_key(lsn), db=self.wal.records)
-        if value is None:
-            raise CorruptRecordError(f"the index lists it for {rid!r} but the record is missing", lsn)
-        record = decode_value(lsn_key(lsn), value)
-        if record.rid != rid:
-            raise CorruptRecordError(f"the index lists it for {rid!r} but it belongs to {record.rid!r}", lsn)
-        return record
+        return [] if begin is None else self._incarnation(rid, key_lsn(begin))
 
     def request_lsns(self, rid: str) -> list[int]:
         return [r.lsn for r in self.request_records(rid)]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from commitlog.codec import Encoder, Entry, Kind, stray_key_message
+from commitlog.codec import Encoder, Entry, Kind, Record, stray_key_message
 from commitlog.errors import CorruptRecordError
 from commitlog.reader import LogReader
 from commitlog.state import FinishReason, finish_entry, replay
@@ -52,6 +52,19 @@ def _refuse_stray_keys(reader: LogReader) -> None:
         raise CorruptRecordError(stray_key_message(stray[0]) + more)
 
 
+def _running(reader: LogReader, rid: str) -> list[Record]:
+    """The records of a request `live` names, proven by the records: the live table is outside the
+    hash chain (issue 10 C.12), and finishing a request that is not there would log a lie."""
+    records = reader.running_records(rid)  # this incarnation only: earlier ones are indexed already
+    if not records or records[0].kind is not Kind.BEGIN:
+        raise CorruptRecordError(f"the live table names {rid!r} as running, but no BEGIN of it is at the LSN "
+                                 "it gives (live table rewritten or damaged)")
+    if records[-1].kind is Kind.FINISH:
+        raise CorruptRecordError(f"the live table names {rid!r} as running, but it finished at LSN "
+                                 f"{records[-1].lsn} (live table rewritten or damaged)", records[-1].lsn)
+    return records
+
+
 def _close_interrupted(reader: LogReader, last_lsn: int,
                        cleared: int) -> tuple[list[Entry], dict[str, list[int]], RecoveryReport]:
     last = next(iter(reader.records(last_lsn)), None) if last_lsn else None
@@ -60,9 +73,9 @@ def _close_interrupted(reader: LogReader, last_lsn: int,
     entries: list[Entry] = []
     lsns: dict[str, list[int]] = {}
     for rid in interrupted:
-        records = reader.running_records(rid)  # this incarnation only: earlier ones are indexed already
+        records = _running(reader, rid)
         state = replay(records)
-        assert state is not None, f"live table names {rid!r} but its BEGIN is missing"
+        assert state is not None  # _running proved its BEGIN
         state.finish_reason = FinishReason.INTERRUPTED
         entries.append(finish_entry(state))
         lsns[rid] = [r.lsn for r in records]

@@ -11,6 +11,7 @@ from commitlog import LogReader
 from commitlog.scan import ChainBreak, Scan
 from ops.logcli.invariants import Merged, RangeChecker, RangeResult, Violation, merge
 from ops.logcli.isolate import Outcome, run_isolated
+from ops.logcli.tables import check_tables, proven
 
 RECORDS_PER_JOB = 250_000  # below this, another process costs more than it saves
 
@@ -118,7 +119,21 @@ def check_log(log_dir: str, expect: ExpectedHead | None = None, jobs: int | None
         report.failure = min(failed, key=lambda o: (o.lsn is None, o.lsn or 0))
         return report
     _summarise(report, [o.value for o in outcomes], expect)
+    _check_tables(report)
     return report
+
+
+def _check_tables(report: LogCheck) -> None:
+    """The index and live tables against what the scan proved (in a child: it reads LMDB)."""
+    facts = proven(report.merged.finished, report.merged.open, report.last_lsn)
+    (tables,) = run_isolated([(check_tables, (report.log_dir, facts))])
+    if not tables.ok:
+        report.failure = tables
+        return
+    out = report.merged.violations
+    for v in tables.value:
+        out.add(v.lsn, v.rid, v.check, v.message)
+    out.items.sort(key=lambda v: v.lsn)
 
 
 def _summarise(report: LogCheck, parts: list[_RangeOutcome], expect: ExpectedHead | None) -> None:

@@ -5,10 +5,11 @@ Ranges are checked in parallel, so a request that began in an earlier range arri
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from commitlog.codec import Kind
+from commitlog.codec import Kind, pack_lsns
 
 MAX_VIOLATIONS = 1000  # per range: enough to act on, bounded for a log that is wrong everywhere
 # Plain ints: comparing an int with an IntEnum member takes the slower subclass path, per record.
@@ -17,6 +18,12 @@ _COMMIT, _DISCARD, _ABORT, _FINISH, _BEGIN = (int(k) for k in (Kind.COMMIT, Kind
 _SERVER_KINDS = frozenset(int(k) for k in (Kind.SERVER_START, Kind.SERVER_STOP, Kind.RECOVERED, Kind.CHECKPOINT))
 _EMPTY: tuple[Any, ...] = ()
 Fact = tuple[int, int, tuple[Any, ...]]  # lsn, kind, what the checks need from the payload
+Incarnation = tuple[str, int, int, bytes]  # rid, BEGIN LSN, number of records, lsn_digest of their LSNs
+
+
+def lsn_digest(lsns: list[int]) -> bytes:
+    """What the index must hold for one finished incarnation, in 16 bytes: ranges send these, not LSN lists."""
+    return hashlib.blake2b(pack_lsns(lsns), digest_size=16).digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +47,10 @@ class ReqCheck:
     fin_commit: str | None = None  # the reason a finishing COMMIT carried
     finish_lsn: int | None = None
     finish_reason: str | None = None
+    lsns: list[int] = field(default_factory=list)  # this incarnation's records, for the index check
+
+    def incarnation(self) -> Incarnation:
+        return self.rid, self.begin_lsn, len(self.lsns), lsn_digest(self.lsns)
 
 
 @dataclass(slots=True)
@@ -79,7 +90,9 @@ def apply_fact(req: ReqCheck, lsn: int, kind: int, fact: tuple[Any, ...], out: V
     """Advance one request's checks by one non-BEGIN record."""
     if req.finish_lsn is not None:
         out.add(lsn, req.rid, "I7", f"{Kind(kind).name} after the request's FINISH at LSN {req.finish_lsn}")
-    elif kind == _COMMIT:
+        return
+    req.lsns.append(lsn)
+    if kind == _COMMIT:
         _apply_commit(req, lsn, fact, out)
     elif kind == _ABORT:
         if req.abort_lsn is not None:
@@ -130,6 +143,7 @@ class RangeResult:
     finish_counts: dict[str, int] = field(default_factory=dict)
     interrupted: list[str] = field(default_factory=list)
     num_begun: int = 0
+    finished: list[Incarnation] = field(default_factory=list)  # incarnations that began and finished here
 
 
 class RangeChecker:
@@ -140,7 +154,7 @@ class RangeChecker:
         self._open: set[str] = set()
 
     def feed(self, lsn: int, kind: int, rid: str | None, payload: dict[str, Any]) -> None:
-        if kind == _COMMIT and self._plain_commit(rid, payload):  # most records by far
+        if kind == _COMMIT and self._plain_commit(lsn, rid, payload):  # most records by far
             return
         if (rid is None) != (kind in _SERVER_KINDS):
             self.res.violations.add(lsn, rid, "format", f"{Kind(kind).name} record with rid {rid!r}")
@@ -157,7 +171,7 @@ class RangeChecker:
         else:
             self._record(lsn, kind, rid, fact)
 
-    def _plain_commit(self, rid: str | None, p: dict[str, Any]) -> bool:
+    def _plain_commit(self, lsn: int, rid: str | None, p: dict[str, Any]) -> bool:
         """The common case, checked inline (verify's hot path): a COMMIT of a running request with
         consistent lengths and a rising watermark. Anything else takes the full checks."""
         req = self.res.reqs.get(rid)  # type: ignore[arg-type]
@@ -175,6 +189,7 @@ class RangeChecker:
             req.watermark = wm
         req.num_out += num_ids
         req.num_logprobs += num_lp
+        req.lsns.append(lsn)
         return True
 
     def _server(self, lsn: int, kind: int) -> None:
@@ -192,7 +207,7 @@ class RangeChecker:
         carried = res.carried.get(rid)
         if carried is not None and carried.next_begin is None and rid not in res.reqs:
             carried.next_begin = lsn
-        res.reqs[rid] = ReqCheck(rid, lsn)
+        res.reqs[rid] = ReqCheck(rid, lsn, lsns=[lsn])
         self._open.add(rid)
 
     def _record(self, lsn: int, kind: int, rid: str, fact: tuple[Any, ...]) -> None:
@@ -201,7 +216,10 @@ class RangeChecker:
         if req is None:
             res.carried.setdefault(rid, Carried()).facts.append((lsn, kind, fact))
         else:
+            finished = req.finish_lsn is not None
             apply_fact(req, lsn, kind, fact, res.violations)
+            if not finished and req.finish_lsn is not None:
+                res.finished.append(req.incarnation())
         if kind == _FINISH:
             reason = fact[0]
             res.finish_counts[reason] = res.finish_counts.get(reason, 0) + 1
@@ -221,6 +239,7 @@ class Merged:
     finish_counts: dict[str, int] = field(default_factory=dict)
     interrupted: list[str] = field(default_factory=list)
     num_begun: int = 0
+    finished: list[Incarnation] = field(default_factory=list)  # every finished incarnation, for the index
 
 
 def merge(results: list[RangeResult]) -> Merged:
@@ -236,6 +255,7 @@ def merge(results: list[RangeResult]) -> Merged:
             merged.finish_counts[reason] = merged.finish_counts.get(reason, 0) + n
         merged.interrupted.extend(res.interrupted)
         merged.num_begun += res.num_begun
+        merged.finished.extend(res.finished)
     merged.violations.items.sort(key=lambda v: v.lsn)
     return merged
 
@@ -248,8 +268,11 @@ def _join_carried(merged: Merged, res: RangeResult) -> None:
         if req is None:
             out.add(carried.facts[0][0], rid, "state", "record of no running request (no BEGIN before it, or after its FINISH)")
             continue
+        finished = req.finish_lsn is not None
         for lsn, kind, fact in carried.facts:
             apply_fact(req, lsn, kind, fact, out)
+        if not finished and req.finish_lsn is not None:
+            merged.finished.append(req.incarnation())
         if carried.next_begin is not None and req.finish_lsn is None:
             out.add(carried.next_begin, rid, "I7", f"BEGIN while the request is running (BEGIN at LSN {req.begin_lsn})")
     for lsn, kind in res.server_events:

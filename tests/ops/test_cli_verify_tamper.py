@@ -124,9 +124,9 @@ def test_records_removed_from_the_end_fail_the_published_head(tmp_path: Path) ->
     log = tmp_path / "log"
     head = _make(log)
     _rewrite(log, lambda recs: recs[:-3])
-    assert cli("verify", "--log-dir", log).rc == 0
-    (v,) = _violations(log, head)
-    assert v["check"] == "head" and "removed from the end" in v["message"]
+    (v,) = [x for x in _violations(log, head) if x["check"] == "head"]
+    assert "removed from the end" in v["message"]
+    assert [x["check"] for x in _violations(log, head) if x["check"] != "head"] == ["index"]  # r5's entry too
 
 
 def test_inserted_record_with_renumbering_fails_the_published_head(tmp_path: Path) -> None:
@@ -139,8 +139,8 @@ def test_inserted_record_with_renumbering_fails_the_published_head(tmp_path: Pat
         return [(i + 1, ts, e) for i, (_, ts, e) in enumerate(shifted)]
 
     _rewrite(log, insert)
-    (v,) = _violations(log, head)
-    assert v["check"] == "head" and re.search(r"LSN \d+ was edited, inserted or removed|at or before", v["message"])
+    (v,) = [x for x in _violations(log, head) if x["check"] == "head"]  # the stale index is reported as well
+    assert re.search(r"LSN \d+ was edited, inserted or removed|at or before", v["message"])
 
 
 def _forge_checkpoint_over_an_edit(log: Path) -> None:
