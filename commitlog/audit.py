@@ -184,13 +184,13 @@ def iter_audit_states(reader: LogReader, until_lsn: int | None = None, writer_al
 
 
 def writer_alive(log_dir: str | os.PathLike[str]) -> bool:
-    """Whether a process holds the log's writer lock, read from /proc/locks without touching the lock
-    (taking it, even shared, could make a starting server fail)."""
-    lock = Path(log_dir) / "writer.lock"
+    """Whether a process holds the log's writer lock (an flock on the log directory, see
+    `commitlog.wal._take_writer_lock`), read from /proc/locks without touching the lock (taking it,
+    even shared, could make a starting server fail)."""
     try:
-        st = lock.stat()
+        st = Path(log_dir).stat()
     except OSError:
-        return False  # no writer ever opened this copy of the log
+        return False  # no such log
     try:
         lines = Path("/proc/locks").read_text().splitlines()
     except OSError:

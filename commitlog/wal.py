@@ -28,7 +28,6 @@ META_FINGERPRINT = b"model_fingerprint"
 META_TOKENIZER_DIR = b"tokenizer_dir"  # of the latest server start; lets replay decode text
 META_INSTANCE_PREFIX = b"instance:"
 DATA_FILE = "data.mdb"
-_WRITER_LOCK = "writer.lock"
 _MIN_DATA_FILE = 2 * 4096
 
 
@@ -180,8 +179,15 @@ class Wal:
 
 
 def _take_writer_lock(path: Path) -> int:
-    """One writer per log, across processes; released by the kernel if the process dies."""
-    fd = os.open(path / _WRITER_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    """One writer per log, across processes; released by the kernel if the process dies.
+
+    The lock is an `flock` on the log *directory* itself, not on a file in it (issue 10 E.17): a
+    `writer.lock` file could be unlinked while held, and the next server would lock a fresh file of
+    the same name and write the same log. The directory cannot be unlinked while it holds the log
+    (and moving it moves the log with its lock). It exists before LMDB creates `data.mdb`, so the
+    lock covers recovery too; `data.mdb` could itself be replaced, and `lock.mdb` carries LMDB's own
+    fcntl locks. `commitlog.audit.writer_alive` looks for this lock on the directory's inode."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
