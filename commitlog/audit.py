@@ -11,11 +11,18 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from commitlog.codec import Kind, Record
 from commitlog.reader import LogReader
 from commitlog.state import FinishReason, RequestState, apply_record, state_from_begin
+
+
+class RecordSource(Protocol):
+    """Where a whole-log walk reads records: a LogReader, or the CLI's crash-isolated log."""
+
+    def records(self, start: int = 1, end: int | None = None) -> Iterator[Record]: ...
+
 
 STATUSES = ("running", "finished", "aborted", "interrupted")
 _STATUS_OF = {FinishReason.STOP: "finished", FinishReason.LENGTH: "finished",
@@ -147,7 +154,7 @@ def audit_request(reader: LogReader, rid: str, writer_alive: bool = True,
     return audits[-1].to_dict() if audits else None
 
 
-def iter_audits(reader: LogReader, until_lsn: int | None = None, writer_alive: bool = True,
+def iter_audits(reader: RecordSource, until_lsn: int | None = None, writer_alive: bool = True,
                 progress: Callable[[int], None] | None = None) -> Iterator[RequestAudit]:
     """Every request in one pass: finished ones as their FINISH is read, then the rest in BEGIN order.
 
@@ -157,7 +164,7 @@ def iter_audits(reader: LogReader, until_lsn: int | None = None, writer_alive: b
         yield audit
 
 
-def iter_audit_states(reader: LogReader, until_lsn: int | None = None, writer_alive: bool = True,
+def iter_audit_states(reader: RecordSource, until_lsn: int | None = None, writer_alive: bool = True,
                       progress: Callable[[int], None] | None = None) -> Iterator[tuple[RequestAudit, RequestState]]:
     """`iter_audits` with each request's full replayed state (top logprobs, hidden states...)."""
     open_trails: dict[str, _Trail] = {}

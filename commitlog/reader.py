@@ -101,11 +101,16 @@ class LogReader:
             return self.wal.env.begin()
 
     def _read_chunk(self, resume: bytes, end: int | None, limit: int) -> tuple[list[Record], bytes | None]:
-        """Records from key `resume` on; returns them and the key to resume at (None: nothing after).
+        """Records from key `resume` on; returns them and the key to resume at (None: nothing after)."""
+        pairs, after = self.raw_chunk(resume, end, limit)
+        return [decode_value(key, value) for key, value in pairs], after
+
+    def raw_chunk(self, resume: bytes, end: int | None, limit: int) -> tuple[list[tuple[bytes, bytes]], bytes | None]:
+        """Up to `limit` (key, value) pairs from key `resume` on, undecoded, and the key to resume at.
 
         Resuming by key, not by LSN + 1, and checking a key's length before comparing it with `end`,
         means a stray key (not 8 bytes) is always met and refused by `decode_value`, never skipped."""
-        out: list[Record] = []
+        out: list[tuple[bytes, bytes]] = []
         stop = None if end is None else lsn_key(end + 1)
         with self._begin() as txn, txn.cursor(self.wal.records) as cur:
             if not cur.set_range(resume):
@@ -114,8 +119,8 @@ class LogReader:
                 if len(key) == 8 and stop is not None and key >= stop:
                     return out, None
                 if len(out) >= limit:
-                    return out, key
-                out.append(decode_value(key, value))
+                    return out, bytes(key)
+                out.append((bytes(key), bytes(value)))
         return out, None
 
     def records(self, start: int = 1, end: int | None = None) -> Iterator[Record]:

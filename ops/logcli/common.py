@@ -16,9 +16,10 @@ import lmdb
 from rich.console import Console
 from rich.text import Text
 
-from commitlog import CommitLogError, CorruptRecordError, LogReader
+from commitlog import CommitLogError, CorruptRecordError
 from commitlog.errors import SALVAGE_HINT
 from commitlog.wal import META_TOKENIZER_DIR
+from ops.logcli.source import IsolatedLog
 from server.errors import TokenLedgerError
 
 EXIT_OK, EXIT_VIOLATION, EXIT_CORRUPT = 0, 1, 2
@@ -63,12 +64,9 @@ def guarded(command: Command) -> Command:
 
 
 @contextmanager
-def open_log(log_dir: str) -> Iterator[LogReader]:
-    reader = LogReader.open(log_dir)
-    try:
-        yield reader
-    finally:
-        reader.close()
+def open_log(log_dir: str) -> Iterator[IsolatedLog]:
+    """The log for replay, audit and export: every read crash-isolated in a child (`ops.logcli.source`)."""
+    yield IsolatedLog(log_dir)
 
 
 @contextmanager
@@ -123,10 +121,10 @@ class TextDecoder:
         return text
 
 
-def load_decoder(path: str | None, reader: LogReader) -> TextDecoder | None:
+def load_decoder(path: str | None, reader: IsolatedLog) -> TextDecoder | None:
     """`--tokenizer`, else the tokenizer directory the server recorded, if it is still there."""
     if path is None:
-        recorded = reader.wal.get_meta(META_TOKENIZER_DIR)
+        recorded = reader.get_meta(META_TOKENIZER_DIR)
         path = recorded.decode() if recorded and Path(recorded.decode()).is_dir() else None
     return None if path is None else TextDecoder(path)
 
