@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import lmdb
+import msgpack
 
 from commitlog.codec import (
     GENESIS_HASH,
@@ -28,6 +29,7 @@ from commitlog.state import RequestState, replay
 from commitlog.wal import Wal
 
 _CHUNK = 1024  # records per read txn: long-lived read txns stop LMDB from reusing pages
+_WINDOW_CHUNK = 16384  # undecoded pairs per read txn when walking one request's window
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,19 +204,38 @@ class LogReader:
 
     def _incarnation(self, rid: str, begin_lsn: int) -> list[Record]:
         """The rid's records from `begin_lsn` up to its FINISH (or the end of the log); [] when the
-        record there is not the rid's."""
+        record there is not the rid's.
+
+        Reads every record in between, so it costs the request's lifetime in records: only values
+        holding the rid's msgpack bytes are decoded (well under a µs for each other one, not ~5)."""
+        needle = msgpack.packb(rid)
         out: list[Record] = []
-        for record in self.records(begin_lsn):
-            if record.rid != rid:
+        for key, value in self._pairs_from(lsn_key(begin_lsn)):
+            record = decode_value(key, value) if needle in value or len(key) != 8 else None
+            if record is None or record.rid != rid:
                 if not out:
                     return out
                 continue
             if out and record.kind is Kind.BEGIN:
-                break
+                return out
             out.append(record)
             if record.kind is Kind.FINISH:
-                break
+                return out
         return out
+
+    def _pairs_from(self, key: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """Undecoded pairs from `key` on, lazily, a bounded number per read txn."""
+        resume: bytes | None = key
+        while resume is not None:
+            with self._begin() as txn, txn.cursor(self.wal.records) as cur:
+                if not cur.set_range(resume):
+                    return
+                resume = None
+                for n, (k, value) in enumerate(cur):
+                    if n >= _WINDOW_CHUNK:
+                        resume = k
+                        break
+                    yield k, value
 
     def running_records(self, rid: str) -> list[Record]:
         """The records of a rid's running incarnation (from its BEGIN in `live`); [] when none runs."""
