@@ -47,6 +47,7 @@ class Scan:
     cut: int = 1
     kept: dict[int, bytes] = field(default_factory=dict)
     lost: list[int] = field(default_factory=list)  # LSNs a salvage could not copy
+    lost_ranges: list[tuple[int, int]] = field(default_factory=list)  # ... runs of them, [first, last]
     below: tuple[int, bytes] = (0, GENESIS_HASH)  # the last record read below the cut: (LSN, stored hash)
 
     def __iter__(self) -> Iterator[ScannedRecord]:
@@ -70,6 +71,7 @@ class Scan:
             self.cut, self.head = int(cp.payload["start"]), bytes(cp.payload["anchor"])
             self.kept = {int(lsn): bytes(prev) for lsn, prev in cp.payload["kept"]}
             self.lost = [int(lsn) for lsn in cp.payload.get("lost", [])]
+            self.lost_ranges = [(int(a), int(b)) for a, b in cp.payload.get("lost_ranges", [])]
         self.head_lsn = self.cut - 1
         if self.start > self.cut:
             self._seed_from_predecessor()

@@ -40,6 +40,7 @@ class _RangeOutcome:
     watch_lsn: int | None
     probe_hash: bytes | None
     lost: list[int]
+    lost_ranges: list[tuple[int, int]]
 
 
 @dataclass(slots=True)
@@ -52,6 +53,7 @@ class LogCheck:
     head_lsn: int = 0
     checkpoint_start: int = 1
     lost: list[int] = field(default_factory=list)
+    lost_ranges: list[tuple[int, int]] = field(default_factory=list)
     merged: Merged = field(default_factory=Merged)
     failure: Outcome | None = None  # corrupt, unreadable or crashed: nothing else is trustworthy
 
@@ -84,7 +86,8 @@ def _check_range(log_dir: str, start: int, end: int | None, expect: ExpectedHead
         for lsn, kind, _ts, rid, payload in scan:
             feed(lsn, kind, rid, payload)
         return _RangeOutcome(checker.result(), scan.num_records, scan.first_lsn, scan.last_lsn, scan.head,
-                             scan.head_lsn, scan.breaks, scan.watch_lsn, scan.probe_hash, scan.lost)
+                             scan.head_lsn, scan.breaks, scan.watch_lsn, scan.probe_hash, scan.lost,
+                             scan.lost_ranges)
     finally:
         reader.close()
 
@@ -143,7 +146,7 @@ def _summarise(report: LogCheck, parts: list[_RangeOutcome], expect: ExpectedHea
     report.last_lsn = max(p.last_lsn for p in parts)
     tail = max(parts, key=lambda p: p.head_lsn)
     report.head, report.head_lsn = tail.head, tail.head_lsn
-    report.lost = parts[0].lost
+    report.lost, report.lost_ranges = parts[0].lost, parts[0].lost_ranges
     out = report.merged.violations
     for part in parts:
         for brk in part.breaks:

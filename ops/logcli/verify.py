@@ -65,6 +65,7 @@ def as_json(report: LogCheck, alive: bool) -> dict[str, Any]:
         "num_records": report.num_records, "first_lsn": report.first_lsn, "last_lsn": report.last_lsn,
         "head": report.head.hex() if failure is None else None, "head_lsn": report.head_lsn,
         "checkpoint_start": report.checkpoint_start, "salvage_lost_lsns": report.lost,
+        "salvage_lost_ranges": [list(r) for r in report.lost_ranges],
         "requests": {"begun": m.num_begun, **m.finish_counts, ("running" if alive else "unrecovered"): len(m.open)},
         "interrupted": m.interrupted, "running" if alive else "unrecovered": sorted(m.open),
         "num_violations": m.violations.count,
@@ -94,8 +95,11 @@ def _print(report: LogCheck, alive: bool) -> None:
     out.print(f"requests  {m.num_begun} begun; finished: {counts or 'none'}{still if m.open else ''}")
     _print_rids(out, "interrupted", m.interrupted)
     _print_rids(out, "running" if alive else "unrecovered", sorted(m.open))
-    if report.lost:
-        out.print(f"salvaged  {len(report.lost)} record(s) were lost: LSN {_short(report.lost)}")
+    if report.lost or report.lost_ranges:
+        ranges = "".join(f", {a}..{b}" for a, b in report.lost_ranges[:10]).lstrip(", ")
+        lsns = _short(report.lost) + (", " if report.lost and ranges else "") + ranges
+        total = len(report.lost) + sum(b - a + 1 for a, b in report.lost_ranges)
+        out.print(f"salvaged  {total} record(s) were lost: LSN {lsns}")
     out.print(f"head      LSN {report.head_lsn} {report.head.hex()}")
     if not m.violations.count:
         out.print(styled("OK", "bold green", ": every record, the hash chain and every invariant hold"))

@@ -78,7 +78,10 @@ def test_salvage_of_a_damaged_page_copies_every_readable_record_and_names_the_lo
     assert max(original) - 1 in copied
     for lsn in set(copied) - {max(copied)}:  # the closing CHECKPOINT is new
         assert copied[lsn][38:] == original[lsn][38:]  # same body; only the chain hash is recomputed
-    assert cli("verify", "--log-dir", out).rc in (0, 1)
+    checked = cli("verify", "--log-dir", out, "--json")
+    assert checked.rc in (0, 1)
+    body = checked.json()  # verify on the copy names the same losses
+    assert set(body["salvage_lost_lsns"]) | {n for a, b in body["salvage_lost_ranges"] for n in range(a, b + 1)} == lost
 
 
 def test_salvage_skips_a_record_under_a_far_away_key(pristine: Path, tmp_path: Path) -> None:
