@@ -9,6 +9,7 @@ from commitlog.errors import (
     FormatVersionError,
     LogFullError,
     LogLockedError,
+    RequestRefusedError,
     TxnStateError,
     UnknownRequestError,
     WriterFailedError,
@@ -27,7 +28,7 @@ __all__ = [
     "FORMAT_VERSION", "BatchCursors", "CommitLogError", "CorruptRecordError", "DoomSource", "Durability",
     "DurableCallback", "EncodedGroup", "Encoder", "Entry", "FinishReason", "FormatVersionError", "GrammarMatcher",
     "Kind", "Ledger", "LogFullError", "LogLockedError", "LogReader", "Outcome", "PackedCursor", "Record",
-    "RecoveryReport", "RequestState", "RequestTxn", "RetentionPolicy", "SalvageReport", "Step", "TxnStateError",
+    "RecoveryReport", "RequestRefusedError", "RequestState", "RequestTxn", "RetentionPolicy", "SalvageReport", "Step", "TxnStateError",
     "UnknownRequestError", "VerifyReport", "Wal", "WalConfig", "WalWriter", "WriterFailedError",
     "apply_retention", "compact", "replay", "salvage",
 ]

@@ -50,5 +50,10 @@ class LogLockedError(CommitLogError):
     """Another process holds the log open for writing."""
 
 
+class RequestRefusedError(CommitLogError, ValueError):
+    """`Ledger.begin` refused a request (malformed rid, or one already live): that request
+    fails, nothing is logged for it, and the server goes on."""
+
+
 class DuplicateLsnError(CommitLogError):
     """LMDB refused a record put because its LSN is already in the log: another writer, or a bug. Fatal."""

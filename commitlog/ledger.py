@@ -11,9 +11,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from commitlog.codec import Encoder, Entry, Kind
-from commitlog.errors import TxnStateError, UnknownRequestError
+from commitlog.errors import RequestRefusedError, TxnStateError, UnknownRequestError
 from commitlog.reader import LogReader
 from commitlog.recovery import RecoveryReport, recover
+from commitlog.rids import rid_problem
 from commitlog.state import (
     DoomSource,
     FinishReason,
@@ -26,7 +27,6 @@ from commitlog.wal import META_FINGERPRINT, META_INSTANCE_PREFIX, META_TOKENIZER
 from commitlog.writer import DurableCallback, WalWriter
 
 T = TypeVar("T")
-MAX_RID_BYTES = 256
 
 
 class Ledger:
@@ -82,10 +82,10 @@ class Ledger:
 
     def begin(self, rid: str, prompt_ids: list[int], sampling_params: Mapping[str, Any],
               grammar_spec: str | None = None, arrival_ns: int | None = None) -> RequestState:
-        if not rid or len(rid.encode()) > MAX_RID_BYTES:
-            raise ValueError(f"rid must be 1..{MAX_RID_BYTES} UTF-8 bytes, got {rid!r}")
+        if (problem := rid_problem(rid)) is not None:
+            raise RequestRefusedError(problem)
         if rid in self._live:
-            raise ValueError(f"request {rid!r} is already running")
+            raise RequestRefusedError(f"request {rid!r} is already running")
         state = RequestState(rid, [int(t) for t in prompt_ids], dict(sampling_params), grammar_spec,
                              time.time_ns() if arrival_ns is None else arrival_ns)
         self._live[rid] = state

@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from commitlog import DoomSource
+from commitlog import DoomSource, RequestRefusedError
 from server.config import ServerArgs
 from server.errors import EngineStoppedError, InvalidRequestError
 from server.outputs import AbortAnswer, RequestDelta
@@ -90,6 +90,9 @@ class Engine:
         waiters = self._submit([Req.from_spec(s) for s in specs])
         for w in waiters:
             w.done.wait()
+        for w in waiters:
+            if isinstance(w.error, InvalidRequestError):
+                raise w.error  # this request was refused; the engine goes on
             if w.error is not None:
                 raise EngineStoppedError(f"the engine stopped before {w.req.rid} finished: {w.error}") from w.error
         outputs = [format_output(CommittedView.of(w.req), self.tokenizer) for w in waiters]
@@ -173,13 +176,25 @@ class Engine:
             if isinstance(item, _Stop):
                 return False
             if isinstance(item, Req):
-                self.scheduler.add_request(item)
+                self._add(item)
             else:
                 self._abort_now(item)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return self._failure is None
+
+    def _add(self, req: Req) -> None:
+        """A request the scheduler refuses fails alone (its caller gets the error); the loop goes on."""
+        try:
+            self.scheduler.add_request(req)
+        except Exception as exc:  # noqa: BLE001 - refused before BEGIN: nothing logged, nothing held
+            with self._lock:
+                waiter = self._waiters.pop(req.rid, None)
+            if waiter is not None:
+                param = "rid" if isinstance(exc, RequestRefusedError) else None
+                waiter.error = InvalidRequestError(f"the request was refused: {exc}", param)
+                waiter.done.set()
 
     def _abort_now(self, item: _Abort) -> None:
         rids = list(self.scheduler.reqs) if item.rids is None else item.rids

@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
+from commitlog.rids import rid_problem
 from server.errors import InvalidRequestError
 from server.request import LogprobRequest, RequestSpec
 from server.sampling.params import SamplingParams
@@ -45,6 +46,9 @@ class RequestBuilder:
         prompts, is_batch = self._prompts(call)
         params = _per_prompt(call.sampling_params, len(prompts), "sampling_params", dict)
         rids = _per_prompt(call.rid, len(prompts), "rid", str)
+        for rid in rids:  # the ledger's rule, checked here so a bad rid is a 400, not a scheduler error
+            if rid and (problem := rid_problem(rid)) is not None:
+                raise InvalidRequestError(problem, "rid")
         logprob = self._logprob_request(call)
         reqs = [self._build_one(p, SamplingParams.from_dict(sp), logprob, rid) for p, sp, rid in zip(prompts, params, rids)]
         if len({r.rid for r in reqs}) != len(reqs):

@@ -74,7 +74,10 @@ class Scheduler:
     # -- arrivals -------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
         """Logs BEGIN; the caller has checked that the rid is not live. A constrained request
-        waits for its grammar, compiled off this thread, before it can be admitted."""
+        waits for its grammar, compiled off this thread, before it can be admitted.
+
+        Raises RequestRefusedError (nothing logged, nothing held) when the ledger refuses the
+        rid; once BEGIN is staged, every failure ends the request with a logged abort."""
         spec = req.params.grammar
         req.reasoning = self.reasoning
         req.state = self.ledger.begin(req.rid, req.prompt_ids, req.begin_params(),
@@ -85,7 +88,11 @@ class Scheduler:
         elif self.grammars is None:
             self._finish_now(req, "structured output is not available on this server")
         else:
-            req.grammar_future = self.grammars.submit(spec)
+            try:
+                req.grammar_future = self.grammars.submit(spec)
+            except Exception as exc:  # noqa: BLE001 - begun and logged: it must end logged, not leak
+                self._finish_now(req, f"its grammar could not be compiled: {type(exc).__name__}: {exc}")
+                return
             self.compiling.append(req)
 
     @property

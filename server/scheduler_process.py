@@ -14,7 +14,7 @@ from pathlib import Path
 
 import zmq
 
-from commitlog import DoomSource
+from commitlog import DoomSource, RequestRefusedError
 from server.config import ServerArgs
 from server.errors import TokenLedgerError
 from server.messages import (
@@ -135,7 +135,18 @@ class SchedulerProcess:
         elif msg.rid in self.sched.reqs:
             self.sender.send(RejectMsg(msg.rid, f"rid {msg.rid!r} is already in use by a live request", 409))
         else:
+            self._add(msg)
+
+    def _add(self, msg: GenerateMsg) -> None:
+        """One message the scheduler cannot admit fails that request only; the loop goes on.
+        (Log-writer failures arrive through `_on_durable` and stay fatal.)"""
+        try:
             self.sched.add_request(Req.from_spec(msg.to_spec()))
+        except RequestRefusedError as exc:
+            self.sender.send(RejectMsg(msg.rid, str(exc), 400))
+        except Exception as exc:  # noqa: BLE001 - refused before BEGIN: nothing logged, nothing held
+            self.sender.send(RejectMsg(msg.rid, f"the scheduler could not admit the request: "
+                                                f"{type(exc).__name__}: {exc}", 500))
 
     def _abort(self, msg: AbortMsg) -> None:
         rids = list(self.sched.reqs) if msg.abort_all else msg.rids

@@ -144,6 +144,8 @@ def test_64_concurrent_streams_all_complete(server):
         ("/generate", {"text": "a", "sampling_params": {"regex": "("}}, 400, "regex"),
         ("/generate", {"text": "a", "bogus": 1}, 400, "bogus"),
         ("/generate", {"text": "a", "return_logprob": "yes"}, 400, "return_logprob"),
+        ("/generate", {"text": "a", "rid": "r" * 257}, 400, "rid"),
+        ("/generate", '{"text": "a", "rid": "bad\\ud800rid"}', 400, "rid"),
         ("/v1/completions", {"prompt": "a"}, 400, "model"),
         ("/v1/completions", {"model": "nope", "prompt": "a"}, 400, "model"),
         ("/v1/completions", {"model": "@", "prompt": "a", "logit_bias": {"1": 2}}, 400, "logit_bias"),

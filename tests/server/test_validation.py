@@ -44,6 +44,9 @@ def engine(tiny_checkpoint):
         ({"input_ids": [1], "top_logprobs_num": -1}, "top_logprobs_num"),
         ({"input_ids": [[1], [2]], "sampling_params": [{}]}, "sampling_params"),
         ({"input_ids": [[1], [2]], "rid": ["a", "a"]}, "rid"),
+        ({"input_ids": [1], "rid": "r" * 257}, "rid"),
+        ({"input_ids": [1], "rid": "bad\ud800rid"}, "rid"),
+        ({"input_ids": [[1], [2]], "rid": ["ok", "r" * 257]}, "rid"),
     ],
 )
 def test_bad_generate_arguments_raise_invalid_request_naming_the_field(engine, kwargs, param):
