@@ -1,4 +1,4 @@
-"""Applying a forward's packed result to its requests — one function per forward mode.
+"""Applying a forward's packed result to its requests — one loop for every forward mode.
 
 This is the commit boundary. For each request, in packed order: claim its segment of
 every packed field (the cursors advance whether or not anything is applied, I3), open a
@@ -30,10 +30,16 @@ class FinishRules:
     detokenize: Detokenize
 
 
-def process_extend_result(
+def process_result(
     batch: ForwardBatch, result: BatchResult, ledger: Ledger, rules: FinishRules, out: list[RequestDelta]
 ) -> list[Req]:
-    """Returns the requests this result finished (a committed finish or an abort)."""
+    """Applies one forward's result, extend or decode alike; returns the requests it finished
+    (a committed finish or an abort).
+
+    One loop for every mode, so the cursor rule is written once: each segment's slices are
+    claimed first, before any skip, so a request that finished while this result was pending
+    (a stop found one step late, an abort) still moves the cursors past its rows (I3).
+    """
     step = ledger.step()
     cursors = BatchCursors.start()
     finished: list[Req] = []
@@ -49,27 +55,8 @@ def process_extend_result(
             txn.add_input_logprobs(delta.input_logprobs)
         txn.advance_watermark(req.state.kv_committed_len + batch.extend_lens[i])
         rejected = None
-        if samples:  # the final chunk; a middle chunk commits only its progress
+        if samples:  # a decode, or a prompt's final chunk; a middle chunk commits only its progress
             rejected = _stage_sampled(txn, req, result, lp.start, hs.start if hs.stop > hs.start else None, rules, delta)
-        if _commit(txn, req, delta, out, ledger, rejected):
-            finished.append(req)
-    return finished
-
-
-def process_decode_result(
-    batch: ForwardBatch, result: BatchResult, ledger: Ledger, rules: FinishRules, out: list[RequestDelta]
-) -> list[Req]:
-    step = ledger.step()
-    cursors = BatchCursors.start()
-    finished: list[Req] = []
-    for req in batch.reqs:
-        lp, hs, _ = cursors.take(1, int(req.logprob.return_hidden_states))
-        if req.is_finished:
-            continue
-        txn = step.open(req.rid, req.grammar)
-        delta = RequestDelta(rid=req.rid)
-        txn.advance_watermark(req.state.kv_committed_len + 1)
-        rejected = _stage_sampled(txn, req, result, lp.start, hs.start if hs.stop > hs.start else None, rules, delta)
         if _commit(txn, req, delta, out, ledger, rejected):
             finished.append(req)
     return finished

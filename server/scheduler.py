@@ -23,18 +23,14 @@ from concurrent.futures import FIRST_COMPLETED, wait
 from commitlog import DoomSource, FinishReason, Ledger
 from commitlog.audit import finish_reason_object
 from server.batch_builder import BatchBuilder
-from server.forward_batch import ForwardBatch, ForwardMode
+from server.forward_batch import ForwardBatch
 from server.grammar.compiler import GrammarCompiler
 from server.grammar.reasoning import ReasoningParser
 from server.memory import ReqToTokenPool, TokenToKVPool
 from server.model_runner import ForwardHandle, ModelRunner
 from server.outputs import AbortAnswer, AbortStatus, RequestDelta
 from server.request import Req
-from server.result_processing import (
-    FinishRules,
-    process_decode_result,
-    process_extend_result,
-)
+from server.result_processing import FinishRules, process_result
 from server.schedule_policy import SchedulePolicy, SchedulerCounters, StepStats
 
 # Both are called on the log writer's thread once a group is durable, or with the error
@@ -135,8 +131,7 @@ class Scheduler:
         for req, sampled in zip(batch.reqs, batch.samples):
             req.inflight_batches -= 1
             req.inflight_tokens -= sampled
-        process = process_extend_result if batch.mode is ForwardMode.EXTEND else process_decode_result
-        for req in process(batch, result, self.ledger, self.rules, self.outbox):
+        for req in process_result(batch, result, self.ledger, self.rules, self.outbox):
             self.counters.discarded_results += req.is_doomed
             self._on_finished(req)
 

@@ -206,3 +206,25 @@ def test_engine_abort_all_aborts_every_live_request(tiny_checkpoint, make_engine
     assert len(answers) == 4 and all(a["status"] == "aborted" for a in answers)
     assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["abort"] * 4
     assert sum(o["meta_info"]["completion_tokens"] == 0 for o in outs) >= 2  # two never left the queue
+
+
+def test_i3_request_finished_with_a_decode_in_flight_does_not_shift_later_requests(rt, tiny_checkpoint, tmp_path):
+    # The reference run tells which token "first" produces second, so a stop token can end it
+    # there: a finish the scheduler cannot foresee, so its next decode is already in flight.
+    ref = ScriptedRuntime(tiny_checkpoint("llama"), tmp_path / "ref", chunked_prefill_size=CHUNK)
+    ref_first = ref.submit(_prompt(6, 11), "first", max_new_tokens=12, ignore_eos=True)
+    ref_later = [ref.submit(_prompt(6, 12 + i), f"later{i}", max_new_tokens=12, ignore_eos=True) for i in range(2)]
+    ref.drain()
+    ref.close()
+    stop_token = ref_first.output_ids[1]
+    assert stop_token != ref_first.output_ids[0]
+
+    first = rt.submit(_prompt(6, 11), "first", max_new_tokens=12, ignore_eos=True, stop_token_ids=[stop_token])
+    later = [rt.submit(_prompt(6, 12 + i), f"later{i}", max_new_tokens=12, ignore_eos=True) for i in range(2)]
+    rt.drain()
+    assert first.output_ids == ref_first.output_ids[:2] and first.state.finish_reason is FinishReason.STOP
+    # The window: a decode holding "first" was launched before the result that finished it was processed.
+    decodes = [b for b in rt.batches_with(first) if b.mode.value == "decode"]
+    assert len(decodes) >= 2 and [r.rid for r in decodes[-1].reqs][0] == "first"
+    assert [r.output_ids for r in later] == [r.output_ids for r in ref_later]
+    assert all(rt.client.tokens[r.rid] == r.output_ids for r in later)
