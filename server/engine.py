@@ -63,6 +63,7 @@ class Engine:
         self._waiters: dict[str, _Waiter] = {}
         self._lock = threading.Lock()
         self._failure: BaseException | None = None
+        self._stopping = False  # set on the loop's thread when a stop arrives; it then drains
         self.runtime: Runtime = build_runtime(self.args, log_dir, self._on_durable)
         self.tokenizer = self.runtime.tokenizer
         self._builder = RequestBuilder(self.tokenizer, self.runtime.limits, self.args.random_seed)
@@ -156,26 +157,30 @@ class Engine:
     def _loop(self) -> None:
         sched = self.scheduler
         try:
-            while self._drain_inbox(block=sched.is_idle):
+            while self._drain_inbox(block=sched.is_idle and not self._stopping):
                 if not sched.is_idle:
                     sched.run_step()
                 if sched.is_idle:
                     sched.check_integrity()
+                    if self._stopping:
+                        return  # drained: every request ended logged, every KV slot is back
         except BaseException as exc:  # the loop must never die silently
             log.exception("scheduler_failed")
             self._failure = exc
             self._fail_waiters(exc)
 
     def _drain_inbox(self, block: bool) -> bool:
-        """Apply queued commands; False once a stop was received or the engine failed."""
+        """Apply queued commands; False once the engine failed. A stop aborts what is live; the loop drains."""
         try:
             item = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
         except queue.Empty:
             return self._failure is None
         while True:
             if isinstance(item, _Stop):
-                return False
-            if isinstance(item, Req):
+                self._stop_now()
+            elif isinstance(item, Req) and self._stopping:
+                self._refuse(item, EngineStoppedError("the engine was shut down before this request started"))
+            elif isinstance(item, Req):
                 self._add(item)
             else:
                 self._abort_now(item)
@@ -184,17 +189,26 @@ class Engine:
             except queue.Empty:
                 return self._failure is None
 
+    def _stop_now(self) -> None:
+        """Shutdown: abort every live request, logged (source shutdown); the loop then drains."""
+        self._stopping = True
+        for rid in list(self.scheduler.reqs):
+            self.scheduler.abort(rid, DoomSource.SHUTDOWN, lambda _a, _e: None, "engine shutdown")
+
+    def _refuse(self, req: Req, error: BaseException) -> None:
+        with self._lock:
+            waiter = self._waiters.pop(req.rid, None)
+        if waiter is not None:
+            waiter.error = error
+            waiter.done.set()
+
     def _add(self, req: Req) -> None:
         """A request the scheduler refuses fails alone (its caller gets the error); the loop goes on."""
         try:
             self.scheduler.add_request(req)
         except Exception as exc:  # noqa: BLE001 - refused before BEGIN: nothing logged, nothing held
-            with self._lock:
-                waiter = self._waiters.pop(req.rid, None)
-            if waiter is not None:
-                param = "rid" if isinstance(exc, RequestRefusedError) else None
-                waiter.error = InvalidRequestError(f"the request was refused: {exc}", param)
-                waiter.done.set()
+            param = "rid" if isinstance(exc, RequestRefusedError) else None
+            self._refuse(req, InvalidRequestError(f"the request was refused: {exc}", param))
 
     def _abort_now(self, item: _Abort) -> None:
         rids = list(self.scheduler.reqs) if item.rids is None else item.rids
