@@ -9,7 +9,7 @@ from typing import Any
 from commitlog.rids import rid_problem
 from server.errors import InvalidRequestError
 from server.request import LogprobRequest, RequestSpec
-from server.sampling.params import SamplingParams
+from server.sampling.params import SamplingParams, check_unicode
 from server.tokenizer import Tokenizer
 
 
@@ -60,14 +60,18 @@ class RequestBuilder:
             raise InvalidRequestError("give exactly one of text (prompt) and input_ids", "text")
         if call.prompt is not None:
             if isinstance(call.prompt, str):
-                return [self.tokenizer.encode(call.prompt)], False
+                return [self._encode(call.prompt)], False
             if not isinstance(call.prompt, list) or not call.prompt or not all(isinstance(p, str) for p in call.prompt):
                 raise InvalidRequestError("text must be a string or a non-empty list of strings", "text")
-            return [self.tokenizer.encode(p) for p in call.prompt], True
+            return [self._encode(p) for p in call.prompt], True
         ids = call.input_ids
         if isinstance(ids, list) and ids and all(isinstance(x, list) for x in ids):
             return [self._check_ids(x) for x in ids], True  # type: ignore[arg-type]
         return [self._check_ids(ids)], False
+
+    def _encode(self, text: str) -> list[int]:
+        check_unicode("text", text)  # the tokenizer raises a bare TypeError on a lone surrogate
+        return self.tokenizer.encode(text)
 
     def _check_ids(self, ids: object) -> list[int]:
         if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):

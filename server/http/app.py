@@ -3,6 +3,7 @@ native and OpenAI routers."""
 from __future__ import annotations
 
 import hmac
+import traceback
 from typing import Any
 
 import structlog
@@ -20,6 +21,8 @@ from server.outputs import AbortAnswer, AbortStatus
 
 log = structlog.get_logger("tokenledger.http")
 OPEN_PATHS = frozenset({"/health"})
+LOGGED_FRAMES = 12  # innermost frames of an unexpected error's traceback
+MAX_LOGGED_ERROR_CHARS = 500
 
 
 def create_app(front: Front) -> FastAPI:
@@ -31,8 +34,11 @@ def create_app(front: Front) -> FastAPI:
         return error_response(exc)
 
     @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled_error", error=repr(exc))
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Never log.exception here: the console renderer draws the traceback with every frame's
+        # locals, which held the event loop for seconds per bad request. A plain, bounded traceback.
+        log.error("unhandled_error", path=request.url.path, error=repr(exc)[:MAX_LOGGED_ERROR_CHARS],
+                  traceback="".join(traceback.format_exception(exc, limit=-LOGGED_FRAMES)))
         return error_response(TokenLedgerError(f"internal error: {type(exc).__name__}"))
 
     @app.middleware("http")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from starlette.requests import Request
@@ -21,16 +22,74 @@ async def json_object(request: Request, allowed: frozenset[str]) -> dict[str, An
         raw += chunk
         if len(raw) > MAX_BODY_BYTES:
             raise HttpError(413, f"the body is larger than {MAX_BODY_BYTES} bytes", "request_too_large")
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequestError(f"the body is not valid JSON: {exc}") from exc
+    body = parse_json(bytes(raw))
     if not isinstance(body, dict):
         raise InvalidRequestError("the body must be a JSON object")
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise InvalidRequestError(f"unsupported field {unknown[0]!r}", unknown[0])
     return body
+
+
+def parse_json(raw: bytes) -> Any:
+    """The body's JSON value; every way it can be bad is a 400, never a 500 with a traceback."""
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        # The decoder recurses per level; a body nested beyond the interpreter's limit is a client's
+        # mistake (or an attack), not a server error.
+        raise InvalidRequestError("the body is nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequestError(f"the body is not valid JSON: {exc}") from None
+    if _MAYBE_SURROGATE.search(raw) is not None:
+        _refuse_lone_surrogates(value)
+    return value
+
+
+# JSON can only smuggle a lone surrogate in as an escape (raw UTF-8 cannot encode one), so a body
+# without such an escape needs no walk.
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+
+
+def _refuse_lone_surrogates(value: Any) -> None:
+    """A lone surrogate cannot be tokenized, logged or echoed: refused here, naming its field."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")  # C speed; valid pairs pass
+        return
+    except UnicodeEncodeError:
+        pass
+    except RecursionError:
+        raise InvalidRequestError("the body is nested too deeply") from None
+    field = _surrogate_field(value)
+    raise InvalidRequestError(f"{field or 'the body'} must be valid Unicode text (it contains a lone surrogate)",
+                              field)
+
+
+def _surrogate_field(value: Any) -> str | None:
+    """The field holding the bad string: the innermost key reached through objects only, so
+    `sampling_params.stop` names `stop` and `messages[0].content` names `messages` (iterative: any depth)."""
+    stack: list[tuple[Any, str | None, bool]] = [(value, None, True)]
+    while stack:
+        item, field, via_objects = stack.pop()
+        if isinstance(item, str):
+            if not _encodes(item):
+                return field
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if not _encodes(key):
+                    return field
+                stack.append((child, key if via_objects else field, via_objects))
+        elif isinstance(item, list):
+            stack.extend((child, field, False) for child in item)
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def typed(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = None) -> Any:

@@ -45,9 +45,9 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any] | None) -> SamplingParams:
-        raw = dict(raw or {})
-        if not isinstance(raw, dict):
+        if raw is not None and not isinstance(raw, dict):
             raise InvalidRequestError("sampling_params must be an object", "sampling_params")
+        raw = dict(raw or {})
         known = {f.name for f in fields(cls)}
         for name in raw:
             if name in NOT_YET_SUPPORTED and raw[name] is not None:
@@ -55,9 +55,8 @@ class SamplingParams:
             if name not in known and name not in NOT_YET_SUPPORTED:
                 raise InvalidRequestError(f"unknown sampling parameter {name!r}", name)
         values = {k: v for k, v in raw.items() if k in known and v is not None}
-        stop = values.get("stop", ())
-        values["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
-        values["stop_token_ids"] = tuple(values.get("stop_token_ids", ()))
+        values["stop"] = _as_tuple(values.get("stop", ()), "stop", str)
+        values["stop_token_ids"] = _as_tuple(values.get("stop_token_ids", ()), "stop_token_ids", int)
         if isinstance(values.get("json_schema"), (dict, bool)):  # a schema given as an object
             values["json_schema"] = json.dumps(values["json_schema"])
         params = cls(**values)
@@ -80,6 +79,8 @@ class SamplingParams:
             raise InvalidRequestError("min_p must be in [0, 1]", "min_p")
         if not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidRequestError("stop must be a non-empty string or a list of them", "stop")
+        for s in self.stop:
+            check_unicode("stop", s)
         for t in self.stop_token_ids:
             _check_int("stop_token_ids", t, 0, 1 << 31)
         if self.seed is not None:
@@ -90,6 +91,24 @@ class SamplingParams:
         spec = self.grammar
         if spec is not None:
             check_syntax(spec)
+
+
+def check_unicode(name: str, text: str) -> None:
+    """Refuses a string the tokenizer and the log cannot encode (a lone surrogate from JSON's \\udXXX)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequestError(f"{name} must be valid Unicode text (it contains a lone surrogate)", name) from None
+
+
+def _as_tuple(value: object, name: str, item: type) -> tuple[Any, ...]:
+    """One item or a list of them, as a tuple; anything else is a 400 naming the field (not a TypeError)."""
+    if isinstance(value, item) and item is str:
+        return (value,)
+    if isinstance(value, (list, tuple)):
+        return tuple(value)
+    noun = "a string or a list of strings" if item is str else "a list of integers"
+    raise InvalidRequestError(f"{name} must be {noun}", name)
 
 
 def _check_int(name: str, value: object, lo: int, hi: int) -> None:

@@ -1,0 +1,112 @@
+"""Hostile bodies are 4xx naming their field and never stall the event loop: type confusions,
+lone surrogates, deep nesting (issue 10 A.2), and bounded work per request (A.3)."""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+
+import httpx
+import pytest
+from server_process import ServerProcess
+
+HEALTH_BOUND_S = 1.0  # a liveness bound on a shared 2-core machine, not a speed benchmark
+DEEP = 100_000
+
+
+@pytest.fixture(scope="module")
+def server(tiny_checkpoint, tmp_path_factory):
+    proc = ServerProcess(tiny_checkpoint("llama"), tmp_path_factory.mktemp("limits") / "log")
+    proc.wait_healthy()
+    yield proc
+    assert proc.terminate() == 0, proc.stderr()
+
+
+def model_name(server) -> str:
+    return httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
+
+
+def post(server, route: str, content: str, timeout: float = 60) -> httpx.Response:
+    return httpx.post(f"{server.url}{route}", content=content, headers={"content-type": "application/json"},
+                      timeout=timeout)
+
+
+def health_latency_while(server, work) -> tuple[object, float]:
+    """Runs `work()` in a thread and returns its result and the slowest /health answer meanwhile."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(work)
+        worst = 0.0
+        while not future.done():
+            t0 = time.monotonic()
+            assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
+            worst = max(worst, time.monotonic() - t0)
+            time.sleep(0.02)
+        return future.result(), worst
+
+
+SAMPLING = '{"max_new_tokens": 2}'
+BAD_BODIES = [
+    ("/generate", '{"text": "a", "sampling_params": {"stop": 5}}', "stop"),
+    ("/generate", '{"text": "a", "sampling_params": {"stop": [5]}}', "stop"),
+    ("/generate", '{"text": "a", "sampling_params": {"stop_token_ids": 5}}', "stop_token_ids"),
+    ("/generate", '{"text": "a", "sampling_params": {"stop_token_ids": ["x"]}}', "stop_token_ids"),
+    ("/generate", '{"text": "bad\\ud800text", "sampling_params": ' + SAMPLING + '}', "text"),
+    ("/generate", '{"text": ["ok", "bad\\udfff"], "sampling_params": ' + SAMPLING + '}', "text"),
+    ("/generate", '{"text": "a", "sampling_params": {"stop": "x\\ud800"}}', "stop"),
+    ("/generate", '{"text": "a", "sampling_params": {"stop": ["x", "\\udc00"]}}', "stop"),
+    ("/generate", '{"text": "a", "rid": "bad\\ud800rid"}', "rid"),
+    ("/generate", '{"text": "a", "sampling_params": {"regex": 5}}', "regex"),
+    ("/v1/completions", '{"model": "@", "prompt": "a", "stop": 5}', "stop"),
+    ("/v1/completions", '{"model": "@", "prompt": "bad\\ud800"}', "prompt"),
+    ("/v1/chat/completions", '{"model": "@", "messages": [{"role": "user", "content": "\\ud800"}]}', "messages"),
+]
+
+
+@pytest.mark.parametrize(("route", "content", "param"), BAD_BODIES)
+def test_type_confusions_and_lone_surrogates_are_400_naming_the_field_without_a_stall(server, route, content, param):
+    content = content.replace('"@"', json.dumps(model_name(server)))
+    r, worst = health_latency_while(server, lambda: post(server, route, content))
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["code"] == 400 and error["type"] == "invalid_request_error"
+    assert worst < HEALTH_BOUND_S, f"/health took {worst:.2f}s while the bad body was refused"
+
+
+@pytest.mark.parametrize("route", ["/generate", "/v1/completions", "/abort_request"])
+@pytest.mark.parametrize("opener", ["[", '{"a":'])
+def test_json_nested_100000_deep_is_400_without_a_stall(server, route, opener):
+    closer = "]" if opener == "[" else "}"
+    content = '{"text": ' + opener * DEEP + "1" + closer * DEEP + "}"
+    r, worst = health_latency_while(server, lambda: post(server, route, content))
+    assert r.status_code == 400, r.text
+    assert "nested" in r.json()["error"]["message"]
+    assert worst < HEALTH_BOUND_S, f"/health took {worst:.2f}s while the deep body was refused"
+
+
+def test_an_unexpected_error_is_a_500_json_body_logged_without_rendering_frame_locals(capsys):
+    # Rendering a traceback with every frame's locals (structlog's console default) is what held the
+    # event loop for seconds; the handler must log a plain, bounded traceback instead.
+    from types import SimpleNamespace
+
+    import structlog
+    from fastapi.testclient import TestClient
+
+    from server.http.app import create_app
+    from server.http.serve import configure_logging
+
+    configure_logging("console")
+    try:
+        app = create_app(SimpleNamespace(args=SimpleNamespace(api_key=None, admin_api_key=None)))  # type: ignore[arg-type]
+
+        @app.get("/boom")
+        async def boom() -> None:
+            hidden_local = "-".join(["LOCAL", "VALUE", "X" * 5000])  # the joined value is in no source line
+            raise RuntimeError(f"kaboom {len(hidden_local)}")
+
+        r = TestClient(app, raise_server_exceptions=False).get("/boom")
+        err = capsys.readouterr().err
+    finally:
+        structlog.reset_defaults()
+    assert r.status_code == 500 and r.json()["error"]["message"] == "internal error: RuntimeError"
+    assert "unhandled_error" in err and "kaboom 5012" in err and "in boom" in err
+    assert "LOCAL-VALUE-" not in err, "frame locals were rendered"
