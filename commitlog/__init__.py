@@ -14,6 +14,7 @@ from commitlog.errors import (
     UnknownRequestError,
     WriterFailedError,
 )
+from commitlog.head import ChainHead, read_head
 from commitlog.ledger import Ledger, Step
 from commitlog.reader import LogReader, VerifyReport
 from commitlog.recovery import RecoveryReport
@@ -25,10 +26,10 @@ from commitlog.wal import Durability, Wal, WalConfig
 from commitlog.writer import DurableCallback, WalWriter
 
 __all__ = [
-    "FORMAT_VERSION", "BatchCursors", "CommitLogError", "CorruptRecordError", "DoomSource", "Durability",
+    "FORMAT_VERSION", "BatchCursors", "ChainHead", "CommitLogError", "CorruptRecordError", "DoomSource", "Durability",
     "DurableCallback", "EncodedGroup", "Encoder", "Entry", "FinishReason", "FormatVersionError", "GrammarMatcher",
     "Kind", "Ledger", "LogFullError", "LogLockedError", "LogReader", "Outcome", "PackedCursor", "Record",
     "RecoveryReport", "RequestRefusedError", "RequestState", "RequestTxn", "RetentionPolicy", "SalvageReport", "Step", "TxnStateError",
     "UnknownRequestError", "VerifyReport", "Wal", "WalConfig", "WalWriter", "WriterFailedError",
-    "apply_retention", "compact", "replay", "salvage",
+    "apply_retention", "compact", "read_head", "replay", "salvage",
 ]

@@ -72,6 +72,7 @@ class EncodedGroup:
     live_deletes: list[bytes] = field(default_factory=list)
     deletes: list[tuple[bytes, bytes | None]] = field(default_factory=list)  # (LSN key, rid)
     meta: list[tuple[bytes, bytes]] = field(default_factory=list)
+    last_hash: bytes = b""  # the chain hash of `last_lsn`: once the group is durable, it is the chain head
 
 
 def lsn_key(lsn: int) -> bytes:
@@ -226,6 +227,7 @@ class Encoder:
                 group.meta.append((META_CHECKPOINT, key))
             lsn += 1
         self.next_lsn, self.prev_hash = lsn, prev
+        group.last_hash = prev
         return group
 
     def _track(self, group: EncodedGroup, entry: Entry, lsn: int, key: bytes) -> None:

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from commitlog.codec import Encoder, Entry, Kind
 from commitlog.errors import RequestRefusedError, TxnStateError, UnknownRequestError
+from commitlog.head import ChainHead
 from commitlog.reader import LogReader
 from commitlog.recovery import RecoveryReport, recover
 from commitlog.rids import rid_problem
@@ -56,7 +57,8 @@ class Ledger:
         except BaseException:
             wal.close()
             raise
-        ledger = cls(wal, WalWriter(wal, cfg, durable_lsn=encoder.next_lsn - 1), encoder, report)
+        writer = WalWriter(wal, cfg, durable_lsn=encoder.next_lsn - 1, durable_hash=encoder.prev_hash)
+        ledger = cls(wal, writer, encoder, report)
         ledger._start(entries, model_fingerprint, tokenizer_dir)
         return ledger
 
@@ -69,6 +71,12 @@ class Ledger:
         meta = [(META_INSTANCE_PREFIX + self.instance_id.encode(), str(start_lsn).encode()),
                 (META_FINGERPRINT, fingerprint.encode()), (META_TOKENIZER_DIR, tokenizer_dir.encode())]
         self.writer.wait_durable(self._flush(None, meta))
+
+    def head(self) -> ChainHead:
+        """The chain head of the last durable record (after `close`: the final SERVER_STOP's); a log
+        pipeline keeps these so `verify --expect-head` can later prove nothing before them was edited."""
+        lsn, chain_hash = self.writer.durable_head
+        return ChainHead(lsn, chain_hash)
 
     @property
     def live(self) -> Mapping[str, RequestState]:

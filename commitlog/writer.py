@@ -14,7 +14,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from commitlog.codec import EncodedGroup
+from commitlog.codec import GENESIS_HASH, EncodedGroup
 from commitlog.errors import WriterFailedError
 from commitlog.wal import Durability, Wal, WalConfig
 
@@ -42,7 +42,7 @@ _NO_WAITER = 1 << 63
 class WalWriter:
     """Single writer thread. `submit` never waits on disk (only on a full queue)."""
 
-    def __init__(self, wal: Wal, config: WalConfig, durable_lsn: int = 0) -> None:
+    def __init__(self, wal: Wal, config: WalConfig, durable_lsn: int = 0, durable_hash: bytes = GENESIS_HASH) -> None:
         self.wal = wal
         self.durability = config.durability
         self._interval_s = config.sync_interval_ms / 1000
@@ -50,10 +50,12 @@ class WalWriter:
         self._max_pending = config.max_pending_groups
         self._pending_lsns: deque[int] = deque()  # last LSN of each submitted group not yet seen durable
         self._durable_lsn = durable_lsn
+        # (LSN, chain hash) of the last durable record, replaced as one tuple so any thread reads a matching pair.
+        self._durable_head = (durable_lsn, durable_hash)
         self._cond = threading.Condition()
         self._wanted_lsn = _NO_WAITER  # lowest LSN a wait_durable caller is blocked on
         self._error: WriterFailedError | None = None
-        self._unsynced: list[tuple[int, DurableCallback | None]] = []
+        self._unsynced: list[tuple[int, bytes, DurableCallback | None]] = []
         self._last_sync = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="commitlog-writer", daemon=True)
         self._thread.start()
@@ -62,6 +64,11 @@ class WalWriter:
     def durable_lsn(self) -> int:
         """Highest LSN whose group is durable under the configured durability mode."""
         return self._durable_lsn
+
+    @property
+    def durable_head(self) -> tuple[int, bytes]:
+        """(LSN, stored chain hash) of the highest durable record: what `verify --expect-head` takes."""
+        return self._durable_head
 
     @property
     def error(self) -> WriterFailedError | None:
@@ -149,11 +156,11 @@ class WalWriter:
     def _write(self, group: EncodedGroup, callback: DurableCallback | None) -> None:
         self.wal.write_group(group)
         if self.durability is Durability.PERIODIC:
-            self._unsynced.append((group.last_lsn, callback))
+            self._unsynced.append((group.last_lsn, group.last_hash, callback))
             if self._time_to_sync() == 0:
                 self._sync_unsynced()
         else:
-            self._publish(group.last_lsn, [callback])
+            self._publish(group.last_lsn, group.last_hash, [callback])
 
     def _time_to_sync(self) -> float | None:
         if not self._unsynced:
@@ -166,11 +173,12 @@ class WalWriter:
             return
         self.wal.sync()
         pending, self._unsynced = self._unsynced, []
-        self._publish(pending[-1][0], [cb for _, cb in pending])
+        self._publish(pending[-1][0], pending[-1][1], [cb for _, _, cb in pending])
 
-    def _publish(self, lsn: int, callbacks: list[DurableCallback | None]) -> None:
+    def _publish(self, lsn: int, chain_hash: bytes, callbacks: list[DurableCallback | None]) -> None:
         with self._cond:
             self._durable_lsn = lsn
+            self._durable_head = (lsn, chain_hash)
             if lsn >= self._wanted_lsn:  # wake waiters only when one of them is satisfied
                 self._wanted_lsn = _NO_WAITER
                 self._cond.notify_all()
@@ -195,7 +203,7 @@ class WalWriter:
         with self._cond:
             self._error = error
             self._cond.notify_all()
-        for _, pending in self._unsynced:
+        for _, _, pending in self._unsynced:
             if pending is not None:
                 self._run_callback(pending, self._durable_lsn, error)
         self._unsynced = []

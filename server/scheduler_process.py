@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import queue
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
 
+import structlog
 import zmq
 
-from commitlog import DoomSource, RequestRefusedError
+from commitlog import ChainHead, DoomSource, RequestRefusedError
 from server.config import ServerArgs
 from server.errors import TokenLedgerError
 from server.messages import (
@@ -38,6 +40,12 @@ from server.runtime import Runtime, build_runtime
 
 STATS_INTERVAL_S = 0.25
 IDLE_POLL_MS = 50
+# How often the chain head is logged (issue 10 C.15). A module constant until the flag
+# `--chain-head-interval-s` (server/config.py, ops/server_args.py) exists; a log pipeline that keeps
+# these lines can later prove with `verify --expect-head` that nothing before them was edited.
+CHAIN_HEAD_INTERVAL_S = 60.0
+
+log = structlog.get_logger("tokenledger.scheduler")
 
 
 class Sender:
@@ -75,6 +83,7 @@ class SchedulerProcess:
         self.shutdown_deadline: float | None = None
         self.failure: BaseException | None = None
         self._last_stats = 0.0
+        self._last_head = time.monotonic()
 
     def _on_durable(self, deltas: list[RequestDelta], error: BaseException | None) -> None:
         if error is not None:  # nothing more may be shown: stop loudly, the front answers 503
@@ -100,10 +109,26 @@ class SchedulerProcess:
                 self.sched.check_integrity()
             # Report at once when the scheduler goes idle, so gauges read 0 after a drain.
             self._maybe_send_stats(force=was_busy and self.sched.is_idle)
+            self._maybe_publish_head()
         self.sched.ledger.close()  # SERVER_STOP
+        self.publish_head(final=True)
         self._maybe_send_stats(force=True)
         self.sender.send(StoppedMsg())
         self.sender.close()
+
+    def _maybe_publish_head(self) -> None:
+        now = time.monotonic()
+        if now - self._last_head >= CHAIN_HEAD_INTERVAL_S:
+            self._last_head = now
+            self.publish_head(final=False)
+
+    def publish_head(self, final: bool) -> ChainHead:
+        """Log the head of the last DURABLE record (never one a crash could still take back), so that
+        a log pipeline holds it outside the log directory; `final` marks the SERVER_STOP head."""
+        head = self.sched.ledger.head()
+        log.info("chain_head", lsn=head.lsn, hash=head.chain_hash.hex(), expect_head=head.text, final=final,
+                 instance=self.sched.ledger.instance_id, log_dir=str(self.runtime.log_dir))
+        return head
 
     def _should_stop(self) -> bool:
         if self.shutdown_deadline is None:
@@ -181,6 +206,7 @@ class SchedulerProcess:
 def scheduler_main(args: ServerArgs, log_dir: str, inbound: str, outbound: str) -> None:
     """Entry point of the spawned process. SIGTERM/SIGINT belong to the front's shutdown."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _configure_logging(args.log_format)
     try:
         proc = SchedulerProcess(args, Path(log_dir), inbound, outbound)
     except TokenLedgerError as exc:
@@ -206,3 +232,12 @@ def _report_fatal(outbound: str, message: str) -> None:
     sock.send(encode(FatalMsg(message)))
     sock.close()
     ctx.term()
+
+
+def _configure_logging(fmt: str) -> None:
+    """A spawned process starts with structlog's defaults: render as the front does (JSON with
+    `--log-format json`) on the stderr both processes share, so the chain-head lines reach the same pipeline."""
+    renderer: structlog.typing.Processor = (structlog.processors.JSONRenderer() if fmt == "json"
+                                            else structlog.dev.ConsoleRenderer(colors=False))
+    structlog.configure(processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"),
+                                    renderer], logger_factory=structlog.PrintLoggerFactory(sys.stderr))
