@@ -6,6 +6,7 @@ log's durable callback, so the front never sees a token that is not in the log (
 """
 from __future__ import annotations
 
+import os
 import queue
 import signal
 import sys
@@ -44,6 +45,7 @@ IDLE_POLL_MS = 50
 # `--chain-head-interval-s` (server/config.py, ops/server_args.py) exists; a log pipeline that keeps
 # these lines can later prove with `verify --expect-head` that nothing before them was edited.
 CHAIN_HEAD_INTERVAL_S = 60.0
+ORPHAN_SEND_TIMEOUT_S = 2.0
 
 log = structlog.get_logger("tokenledger.scheduler")
 
@@ -62,10 +64,13 @@ class Sender:
     def send(self, msg: Message) -> None:
         self._queue.put(msg)
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
+        """Send what is queued, then close. With a `timeout` (the front is gone, nobody reads), a
+        thread stuck on a full socket is left behind: it is a daemon, and the socket stays its own."""
         self._queue.put(None)
-        self._thread.join()
-        self._socket.close()
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self._socket.close()
 
     def _run(self) -> None:
         while (msg := self._queue.get()) is not None:
@@ -84,6 +89,10 @@ class SchedulerProcess:
         self.failure: BaseException | None = None
         self._last_stats = 0.0
         self._last_head = time.monotonic()
+        # The front is our parent; when it dies (kill -9) we are re-parented and getppid() changes.
+        self._parent_pid = os.getppid()
+        self.orphaned = False
+        self._stop_reason = "server shutdown"  # logged with each request the end of the grace aborts
 
     def _on_durable(self, deltas: list[RequestDelta], error: BaseException | None) -> None:
         if error is not None:  # nothing more may be shown: stop loudly, the front answers 503
@@ -99,6 +108,7 @@ class SchedulerProcess:
 
     def serve(self) -> None:
         while not self._should_stop():
+            self._check_parent()
             if self.failure is not None:
                 raise RuntimeError(f"the log writer failed: {self.failure}") from self.failure
             was_busy = not self.sched.is_idle
@@ -112,9 +122,23 @@ class SchedulerProcess:
             self._maybe_publish_head()
         self.sched.ledger.close()  # SERVER_STOP
         self.publish_head(final=True)
+        if self.orphaned:
+            self.sender.close(timeout=ORPHAN_SEND_TIMEOUT_S)
+            return
         self._maybe_send_stats(force=True)
         self.sender.send(StoppedMsg())
         self.sender.close()
+
+    def _check_parent(self) -> None:
+        """A front killed without a word (kill -9, OOM) would leave this process holding the log's writer
+        lock, and a restart would be refused (issue 10 E.18). One getppid() a loop turn is cheap."""
+        if self.orphaned or os.getppid() == self._parent_pid:
+            return
+        self.orphaned = True
+        log.warning("front_gone", parent_pid=self._parent_pid, live_requests=len(self.sched.reqs),
+                    action="aborting live requests (logged), writing SERVER_STOP, exiting")
+        self._stop_reason = "server shutdown: the front process is gone"
+        self.shutdown_deadline = time.monotonic()  # no grace: nobody is left to receive the tokens
 
     def _maybe_publish_head(self) -> None:
         now = time.monotonic()
@@ -135,7 +159,7 @@ class SchedulerProcess:
             return False
         if time.monotonic() >= self.shutdown_deadline and self.sched.reqs:
             for rid in list(self.sched.reqs):  # grace is over: abort the rest, logged
-                self.sched.abort(rid, DoomSource.SHUTDOWN, lambda _a, _e: None, "server shutdown")
+                self.sched.abort(rid, DoomSource.SHUTDOWN, lambda _a, _e: None, self._stop_reason)
         return self.sched.is_idle
 
     def _receive(self, block: bool) -> None:
