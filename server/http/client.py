@@ -9,6 +9,7 @@ import multiprocessing
 import shutil
 import tempfile
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import zmq
@@ -45,6 +46,16 @@ class RequestRejected(TokenLedgerError):
 _END = object()
 
 
+@dataclass(eq=False)
+class Submission:
+    """One accepted request: where its deltas arrive, and whether the scheduler has finished it."""
+
+    rid: str
+    queue: asyncio.Queue[object] = field(default_factory=asyncio.Queue)
+    finished: bool = False  # a finish delta, a rejection or a scheduler failure has arrived
+    abandoned: bool = False  # its reader went away and an abort (source disconnect) was sent
+
+
 class SchedulerClient:
     def __init__(self, args: ServerArgs, log_dir: Path) -> None:
         self.args = args
@@ -62,7 +73,7 @@ class SchedulerClient:
         self.failure: str | None = None
         self.stopped = asyncio.Event()
         self.on_stats: list = []  # callbacks taking a StatsMsg
-        self._streams: dict[str, asyncio.Queue[object]] = {}
+        self._streams: dict[str, Submission] = {}  # accepted and not yet finished
         self._tickets = itertools.count(1)
         self._abort_futures: dict[int, asyncio.Future[list[AbortAnswer]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -93,23 +104,41 @@ class SchedulerClient:
     def is_live(self, rid: str) -> bool:
         return rid in self._streams
 
-    async def generate(self, spec: RequestSpec) -> AsyncIterator[RequestDelta]:
-        """Yields the request's durable deltas; the last one carries `finish`."""
+    def submit(self, spec: RequestSpec) -> Submission:
+        """Accepts the request now: its rid is live from this call on, and its GenerateMsg is
+        queued on the PUSH socket before this returns. An abort sent later travels the same
+        socket, so the scheduler always sees the generate first (I2: a waiting request is
+        removed without any forward) and an accepted request can never be "unknown" to it."""
         if not self.is_healthy:
             raise EngineStoppedError(self.failure or "the scheduler is not running")
         if spec.rid in self._streams:
             raise RequestRejected(f"rid {spec.rid!r} is already in use by a live request", 409)
-        stream: asyncio.Queue[object] = asyncio.Queue()
-        self._streams[spec.rid] = stream
-        try:
-            await self._push.send(encode(GenerateMsg.from_spec(spec)))
-            while (item := await stream.get()) is not _END:
-                if isinstance(item, BaseException):
-                    raise item
-                assert isinstance(item, RequestDelta)
-                yield item
-        finally:
-            self._streams.pop(spec.rid, None)
+        submission = Submission(spec.rid)
+        self._streams[spec.rid] = submission
+        # Not awaited: pyzmq queues sends in call order, so the order is fixed here, now.
+        sent = self._push.send(encode(GenerateMsg.from_spec(spec)))
+        sent.add_done_callback(lambda future: self._on_sent(submission, future))
+        return submission
+
+    async def follow(self, submission: Submission) -> AsyncIterator[RequestDelta]:
+        """Yields a submitted request's durable deltas; the last one carries `finish`."""
+        while (item := await submission.queue.get()) is not _END:
+            if isinstance(item, BaseException):
+                raise item
+            assert isinstance(item, RequestDelta)
+            yield item
+
+    async def generate(self, spec: RequestSpec) -> AsyncIterator[RequestDelta]:
+        """`submit` then `follow`, for callers that start reading at once."""
+        async for delta in self.follow(self.submit(spec)):
+            yield delta
+
+    def _on_sent(self, submission: Submission, future: asyncio.Future[object]) -> None:
+        if future.cancelled() or future.exception() is None:
+            return
+        if self._streams.get(submission.rid) is submission:
+            del self._streams[submission.rid]
+        submission.queue.put_nowait(EngineStoppedError(f"the request could not be sent: {future.exception()}"))
 
     async def abort(self, rids: list[str], source: str, abort_all: bool = False) -> list[AbortAnswer]:
         if not self.is_healthy:
@@ -148,19 +177,23 @@ class SchedulerClient:
     def _dispatch(self, msg: Message) -> None:
         if isinstance(msg, DeltasMsg):
             for delta in msg.deltas:
-                stream = self._streams.get(delta.rid)
-                if stream is not None:
-                    stream.put_nowait(delta)
+                submission = self._streams.get(delta.rid)
+                if submission is not None:
+                    submission.queue.put_nowait(delta)
                     if delta.finish is not None:
-                        stream.put_nowait(_END)
+                        # Finished at the scheduler: no longer live, whether or not anyone reads it.
+                        submission.finished = True
+                        submission.queue.put_nowait(_END)
+                        del self._streams[delta.rid]
         elif isinstance(msg, AbortReplyMsg):
             future = self._abort_futures.pop(msg.ticket, None)
             if future is not None and not future.done():
                 future.set_result(msg.answers)
         elif isinstance(msg, RejectMsg):
-            stream = self._streams.get(msg.rid)
-            if stream is not None:
-                stream.put_nowait(RequestRejected(msg.message, msg.status))
+            submission = self._streams.pop(msg.rid, None)
+            if submission is not None:
+                submission.finished = True
+                submission.queue.put_nowait(RequestRejected(msg.message, msg.status))
         elif isinstance(msg, StatsMsg):
             for callback in self.on_stats:
                 callback(msg)
@@ -182,8 +215,10 @@ class SchedulerClient:
     def _fail(self, message: str) -> None:
         self.failure = message
         error = EngineStoppedError(f"the scheduler stopped: {message}")
-        for stream in self._streams.values():
-            stream.put_nowait(error)
+        for submission in self._streams.values():
+            submission.finished = True
+            submission.queue.put_nowait(error)
+        self._streams.clear()
         for future in self._abort_futures.values():
             if not future.done():
                 future.set_exception(error)

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Coroutine
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
 
 from server.config import ServerArgs
 from server.errors import EngineStoppedError
-from server.http.client import SchedulerClient
+from server.http.client import SchedulerClient, Submission
 from server.http.errors import HttpError
 from server.http.metrics import Metrics
 from server.outputs import AbortAnswer, RequestDelta
@@ -25,6 +27,10 @@ from server.tokenizer import Tokenizer
 log = structlog.get_logger("tokenledger.requests")
 DISCONNECT_POLL_S = 0.05
 LOGGED_TEXT_CHARS = 200  # --log-requests-level 2 cuts logged text here; 3 logs it whole
+# Finished n > 1 response ids remembered so a late abort answers 409: ~16 rids of ~40 bytes
+# each, so 4,096 ids cost well under 4 MB. Older ids answer 404; their members `{id}-{i}`
+# stay abortable (409) by name, since the scheduler resolves a finished rid through the log.
+FINISHED_GROUPS_KEPT = 4096
 
 
 @dataclass
@@ -36,8 +42,10 @@ class Front:
     metrics: Metrics = field(default_factory=Metrics)
     builder: RequestBuilder | None = None
     draining: bool = False
-    # OpenAI n > 1: one response id stands for several scheduler requests.
+    # OpenAI n > 1: one response id stands for several scheduler requests (live ones here,
+    # the last FINISHED_GROUPS_KEPT finished ones in finished_groups).
     groups: dict[str, list[str]] = field(default_factory=dict)
+    finished_groups: OrderedDict[str, list[str]] = field(default_factory=OrderedDict)
     _background: set[asyncio.Task[object]] = field(default_factory=set)
 
     def on_ready(self) -> None:
@@ -57,50 +65,101 @@ class Front:
             if self.client.is_live(spec.rid) or spec.rid in self.groups:
                 raise HttpError(409, f"rid {spec.rid!r} is already in use by a live request", "conflict", "rid")
 
+    def accept(self, specs: list[RequestSpec], group: str | None = None) -> list[Submission]:
+        """Accepts requests now: from here on an abort of any of them (or of `group`, the
+        response id that stands for them all) wins, because each generate is already queued
+        ahead of any abort on the scheduler link. Call it last, once the body is fully checked."""
+        self.check_rids_free(specs)
+        if group is not None and group in self.groups:
+            raise HttpError(409, f"rid {group!r} is already in use by a live request", "conflict", "rid")
+        submissions: list[Submission] = []
+        try:
+            for spec in specs:
+                submissions.append(self.client.submit(spec))
+        except BaseException:
+            self.abandon(submissions)  # a later member was refused: none of the group may run alone
+            raise
+        if group is not None:
+            self.groups[group] = [s.rid for s in specs]
+        return submissions
+
+    def release(self, submissions: list[Submission], group: str | None = None) -> None:
+        """The response is over: abort what nobody reads any more, and retire the group id."""
+        self.abandon(submissions)
+        if group is not None and (members := self.groups.pop(group, None)) is not None:
+            self.finished_groups[group] = members
+            while len(self.finished_groups) > FINISHED_GROUPS_KEPT:
+                self.finished_groups.popitem(last=False)
+
+    def abandon(self, submissions: list[Submission]) -> None:
+        """Aborts (source `disconnect`) every submission not finished and not abandoned yet."""
+        rids = [s.rid for s in submissions if not (s.finished or s.abandoned)]
+        for s in submissions:
+            s.abandoned = True
+        if rids and self.client.is_healthy:
+            self._spawn(self.client.abort(rids, "disconnect"))
+
     def expand(self, rid: str) -> list[str]:
-        return self.groups.get(rid, [rid])
+        """The rids an abort of `rid` stands for: a live group, a live request, or a finished
+        group (kept so that a late abort of it answers 409 "already finished", not 404)."""
+        if rid in self.groups:
+            return self.groups[rid]
+        if self.client.is_live(rid):
+            return [rid]
+        return self.finished_groups.get(rid, [rid])
 
     # -- one request ----------------------------------------------------------------
-    async def stream(self, spec: RequestSpec, view: CommittedView) -> AsyncIterator[RequestDelta]:
-        """Durable deltas of one request, applied to `view`; aborts it if the caller goes away."""
+    async def stream(self, spec: RequestSpec, view: CommittedView,
+                     submission: Submission | None = None) -> AsyncIterator[RequestDelta]:
+        """Durable deltas of one request, applied to `view`; aborts it if the caller goes away.
+        Pass the `submission` from `accept`; without one the request is submitted only when
+        this generator is first iterated (an abort before that finds no request)."""
         arrival, first = time.monotonic(), True
-        finished = False
+        if submission is None:
+            submission = self.accept([spec])[0]
         try:
-            async for delta in self.client.generate(spec):
+            async for delta in self.client.follow(submission):
                 view.apply(delta)
                 if first and delta.token_ids:
                     self.metrics.ttft.observe(time.monotonic() - arrival)
                     first = False
-                finished = delta.finish is not None
                 yield delta
         except (asyncio.CancelledError, GeneratorExit):
             # The client went away mid-stream: abort at once, with source `disconnect`.
-            if not finished and self.client.is_healthy:
-                self._spawn(self.client.abort([spec.rid], "disconnect"))
+            self.abandon([submission])
             raise
         finally:
             view.e2e_latency = time.monotonic() - arrival
-            if finished:
+            if view.finish is not None:
                 self._log_finish(view, spec)
 
-    async def collect(self, specs: list[RequestSpec], request: Request) -> list[CommittedView] | None:
+    async def collect(self, specs: list[RequestSpec], request: Request,
+                      submissions: list[Submission] | None = None) -> list[CommittedView] | None:
         """Runs requests to the end; None if the client disconnected (they are aborted then)."""
+        if submissions is None:
+            submissions = self.accept(specs)
         views = [CommittedView(s.rid, s.prompt_ids, s.logprob, s.params.skip_special_tokens) for s in specs]
         work: asyncio.Future[list[None]] = asyncio.ensure_future(
-            asyncio.gather(*(self._drain(s, v) for s, v in zip(specs, views))))
+            asyncio.gather(*(self._drain(s, v, sub) for s, v, sub in zip(specs, views, submissions))))
         watcher: asyncio.Future[None] = asyncio.ensure_future(_wait_disconnect(request))
         racing: list[asyncio.Future[Any]] = [work, watcher]
-        await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
-        if work.done():
+        try:
+            await asyncio.wait(racing, return_when=asyncio.FIRST_COMPLETED)
+        finally:
             watcher.cancel()
+        if work.done():
             work.result()  # re-raises a scheduler failure or a rejection
             return views
-        await self.client.abort([s.rid for s in specs], "disconnect")
+        unfinished = [s for s in submissions if not (s.finished or s.abandoned)]
+        for s in unfinished:
+            s.abandoned = True
+        if unfinished:
+            await self.client.abort([s.rid for s in unfinished], "disconnect")
         await asyncio.gather(work, return_exceptions=True)
         return None
 
-    async def _drain(self, spec: RequestSpec, view: CommittedView) -> None:
-        async for _ in self.stream(spec, view):
+    async def _drain(self, spec: RequestSpec, view: CommittedView, submission: Submission) -> None:
+        async for _ in self.stream(spec, view, submission):
             pass
 
     async def abort(self, rid: str, source: str) -> list[AbortAnswer]:
@@ -123,6 +182,25 @@ class Front:
             fields["prompt"] = self.tokenizer.decode(view.prompt_ids)[:limit]
             fields["output"] = view.text(self.tokenizer)[:limit]
         log.info("request_finished", **fields)
+
+
+class AcceptedStream(StreamingResponse):
+    """An SSE response over requests accepted before it started. However its ASGI call ends
+    (done, client gone before the body began or mid-way, server stopping), `release` runs, so
+    an accepted request is never left running with nobody to read it."""
+
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream")
+        self._release = release
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()  # a body left at a yield: let its own cleanup run now, not at GC
 
 
 async def _wait_disconnect(request: Request) -> None:

@@ -1,24 +1,28 @@
 """OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions.
 
 Every response's `id` (and every stream chunk's) is the request's rid, so an operator can
-look it up in the log and abort it. With n > 1 the choices run as `{id}-{i}` in the log
-and aborting `id` aborts them all. Fields we do not implement are refused by name.
+look it up in the log and abort it. With n > 1 the choices run together as `{id}-{i}` in
+the log (streamed interleaved, each chunk naming its `index`); aborting `id` aborts them
+all, and a late abort of a finished `id` answers 409. Fields we do not implement are
+refused by name.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from server.errors import InvalidRequestError
 from server.grammar.spec import GrammarKind, GrammarSpec, check_syntax
 from server.http.bodies import json_object, typed
-from server.http.front import Front, require_ready
+from server.http.client import Submission
+from server.http.front import AcceptedStream, Front, require_ready
 from server.http.incremental import IncrementalText
 from server.http.native import SSE_DONE, sse
 from server.http.openai_format import (
@@ -38,6 +42,7 @@ COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "min
 COMPLETION_FIELDS = COMMON | {"prompt", "logprobs", "echo", "suffix"}
 CHAT_FIELDS = COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens", "response_format"}
 MAX_N = 16
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -182,17 +187,16 @@ def _all_str(value: Any) -> bool:
 
 # -- responding ------------------------------------------------------------------------
 async def _respond(front: Front, request: Request, body: dict[str, Any], call: Call) -> Response:
-    for spec in call.specs:
-        if front.client.is_live(spec.rid):
-            raise InvalidRequestError(f"rid {spec.rid!r} is already live", "rid")
-    if len(call.specs) > 1:
-        front.groups[call.rid] = [s.rid for s in call.specs]
-    if typed(body, "stream", bool, False):
-        return StreamingResponse(_stream(front, call), media_type="text/event-stream")
+    stream = typed(body, "stream", bool, False)
+    # Every choice is accepted at once, so an abort of the response id covers them all.
+    group = call.rid if len(call.specs) > 1 else None
+    submissions = front.accept(call.specs, group)
+    if stream:
+        return AcceptedStream(_stream(front, call, submissions), lambda: front.release(submissions, group))
     try:
-        views = await front.collect(call.specs, request)
+        views = await front.collect(call.specs, request, submissions)
     finally:
-        front.groups.pop(call.rid, None)
+        front.release(submissions, group)
     if views is None:
         return Response(status_code=499)
     choices = [_choice(front, call, i, v) for i, v in enumerate(views)]
@@ -212,31 +216,57 @@ def _choice(front: Front, call: Call, index: int, view: CommittedView) -> dict[s
     return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason(view)}
 
 
-async def _stream(front: Front, call: Call) -> AsyncIterator[bytes]:
+async def _stream(front: Front, call: Call, submissions: list[Submission]) -> AsyncIterator[bytes]:
+    """The choices stream together, interleaved as their tokens commit; each chunk names its
+    choice's `index` (as vLLM and SGLang do)."""
     chunk_kind = "text_completion" if call.kind == "text_completion" else "chat.completion.chunk"
-    views: list[CommittedView] = []
+    views = [CommittedView(s.rid, s.prompt_ids, s.logprob, s.params.skip_special_tokens) for s in call.specs]
+    if call.kind != "text_completion":
+        for index in range(len(views)):
+            first = {"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+            yield sse(envelope(call.rid, chunk_kind, call.model, [first]))
+    sources = [_choice_chunks(front, call, i, spec, view, sub)
+               for i, (spec, view, sub) in enumerate(zip(call.specs, views, submissions))]
+    async for piece in interleave(sources):
+        yield sse(envelope(call.rid, chunk_kind, call.model, [piece]))
+    if call.include_usage:
+        yield sse(envelope(call.rid, chunk_kind, call.model, []) | {"usage": usage(views)})
+    yield SSE_DONE
+
+
+async def interleave(sources: list[AsyncGenerator[T, None]]) -> AsyncIterator[T]:
+    """Items of several iterators in the order they arrive (ties in list order). Closing this
+    generator cancels or closes every source, so each runs its own abort-on-disconnect."""
+    pending = {asyncio.ensure_future(_next(source)): source for source in sources}
     try:
-        for index, spec in enumerate(call.specs):  # choices stream one after another
-            view = CommittedView(spec.rid, spec.prompt_ids, spec.logprob, spec.params.skip_special_tokens)
-            views.append(view)
-            if call.kind != "text_completion":
-                first = {"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-                yield sse(envelope(call.rid, chunk_kind, call.model, [first]))
-            async for piece in _choice_chunks(front, call, index, spec, view):
-                yield sse(envelope(call.rid, chunk_kind, call.model, [piece]))
-        if call.include_usage:
-            yield sse(envelope(call.rid, chunk_kind, call.model, []) | {"usage": usage(views)})
-        yield SSE_DONE
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=lambda t: sources.index(pending[t])):
+                source = pending.pop(task)
+                try:
+                    item = task.result()
+                except StopAsyncIteration:
+                    continue
+                pending[asyncio.ensure_future(_next(source))] = source
+                yield item
     finally:
-        front.groups.pop(call.rid, None)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for source in sources:
+            await source.aclose()
 
 
-async def _choice_chunks(front: Front, call: Call, index: int, spec: RequestSpec,
-                         view: CommittedView) -> AsyncIterator[dict[str, Any]]:
+async def _next(source: AsyncGenerator[T, None]) -> T:
+    return await source.__anext__()
+
+
+async def _choice_chunks(front: Front, call: Call, index: int, spec: RequestSpec, view: CommittedView,
+                         submission: Submission) -> AsyncGenerator[dict[str, Any], None]:
     text = IncrementalText(front.tokenizer, spec.params.stop)
     thinking = IncrementalText(front.tokenizer, ()) if front.args.reasoning_parser else None
     sent_tokens = 0
-    async for delta in front.stream(spec, view):
+    async for delta in front.stream(spec, view, submission):
         think = thinking.next_chunk(_Part(view, True)) if thinking else ""  # type: ignore[arg-type]
         chunk = text.next_chunk(_Part(view, False) if thinking else view)  # type: ignore[arg-type]
         if not (chunk or think) and delta.finish is None and not (call.logprobs is not None and delta.token_ids):
