@@ -1,10 +1,14 @@
 """An abort that reaches the front after it accepted a request but before the scheduler has
 seen its generate: the abort wins (200 "aborted", 0 tokens, FINISH abort in the log) instead of
 answering 404 and letting the request run in full. Driven in-process against the real
-scheduler process, with the accept/abort interleaving fixed by the event loop's order."""
+scheduler process. The window is held open on purpose: the scheduler process is stopped
+(SIGSTOP) while the front accepts and aborts, so it reads both messages only afterwards."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -22,6 +26,7 @@ from server.sampling.params import SamplingParams
 from server.tokenizer import Tokenizer
 
 MAX_NEW = 200
+RESUME_AFTER_S = 0.3  # long enough for the front to have sent every message it is going to send
 
 
 class _StaysConnected:
@@ -55,6 +60,21 @@ def _with_front(model_dir: Path, log_dir: Path, body: Callable[[Front], Awaitabl
     asyncio.run(run())
 
 
+@contextlib.contextmanager
+def _scheduler_paused(front: Front):
+    """The scheduler reads nothing until RESUME_AFTER_S after the block began: whatever the
+    front sends meanwhile reaches it as if the scheduler had been slow to admit."""
+    pid = front.client.process.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    handle = asyncio.get_running_loop().call_later(RESUME_AFTER_S, os.kill, pid, signal.SIGCONT)
+    try:
+        yield
+    finally:
+        handle.cancel()
+        os.kill(pid, signal.SIGCONT)
+
+
 def _logged(log_dir: Path, rid: str) -> dict:
     reader = LogReader.open(log_dir)
     try:
@@ -78,9 +98,10 @@ def test_abort_after_collect_accepted_but_before_its_generate_was_read_wins_with
 
     async def body(front: Front) -> None:
         spec = _spec("early-abort-collect")
-        work = asyncio.ensure_future(front.collect([spec], _StaysConnected()))  # type: ignore[arg-type]
-        await asyncio.sleep(0)  # the route runs up to its first wait: the request is accepted
-        answers.extend(await front.abort(spec.rid, "api"))
+        with _scheduler_paused(front):
+            work = asyncio.ensure_future(front.collect([spec], _StaysConnected()))  # type: ignore[arg-type]
+            await asyncio.sleep(0)  # the route runs up to its first wait: the request is accepted
+            answers.extend(await front.abort(spec.rid, "api"))  # answered once the scheduler resumes
         views = await asyncio.wait_for(work, 60)
         assert views is not None
         assert views[0].finish is not None and views[0].finish["type"] == "abort", views[0].finish
@@ -90,10 +111,9 @@ def test_abort_after_collect_accepted_but_before_its_generate_was_read_wins_with
     assert [(a.status, a.completion_tokens) for a in answers] == [(AbortStatus.ABORTED, 0)]
     logged = _logged(log_dir, "early-abort-collect")
     assert logged["status"] == "aborted" and logged["finish_reason"]["type"] == "abort"
-    # The scheduler saw the generate first, then the abort: it was removed while waiting (no
-    # forward), or its first forward was already launched and that result is discarded (I2).
-    # Either way nothing is committed.
-    assert logged["completion_tokens"] == 0 and logged["num_commits"] == 0 and logged["discarded_results"] <= 1
+    # I2: the scheduler read the generate, then the abort, before any step: removed while
+    # waiting, without any forward (nothing committed, nothing discarded).
+    assert logged["completion_tokens"] == 0 and logged["num_commits"] == 0 and logged["discarded_results"] == 0
 
 
 def test_abort_of_an_accepted_stream_before_its_body_is_read_wins_with_zero_tokens(model_dir, tmp_path):
@@ -104,8 +124,9 @@ def test_abort_of_an_accepted_stream_before_its_body_is_read_wins_with_zero_toke
 
     async def body(front: Front) -> None:
         spec = _spec("early-abort-stream")
-        submission = front.accept([spec])[0]
-        answers.extend(await front.abort(spec.rid, "api"))
+        with _scheduler_paused(front):
+            submission = front.accept([spec])[0]
+            answers.extend(await front.abort(spec.rid, "api"))
         view = _view(spec)
         deltas = [d async for d in front.stream(spec, view, submission)]
         assert deltas[-1].finish is not None and deltas[-1].finish["type"] == "abort"
@@ -116,6 +137,7 @@ def test_abort_of_an_accepted_stream_before_its_body_is_read_wins_with_zero_toke
     assert [(a.status, a.completion_tokens) for a in answers] == [(AbortStatus.ABORTED, 0)]
     logged = _logged(log_dir, "early-abort-stream")
     assert logged["status"] == "aborted" and logged["completion_tokens"] == 0 and logged["num_commits"] == 0
+    assert logged["discarded_results"] == 0
 
 
 def test_an_accepted_request_nobody_reads_is_aborted_when_its_response_is_released(model_dir, tmp_path):
