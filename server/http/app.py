@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from commitlog import CommitLogError, LogReader
 from server.errors import EngineStoppedError, InvalidRequestError, TokenLedgerError
 from server.http.bodies import json_object, typed
+from server.http.chain_head import chain_head_router
 from server.http.errors import HttpError, error_response
 from server.http.front import Front
 from server.http.native import native_router
@@ -84,6 +85,7 @@ def create_app(front: Front) -> FastAPI:
         return JSONResponse(view)
 
     app.include_router(native_router(front))
+    app.include_router(chain_head_router(front))
     app.include_router(openai_router(front))
     return app
 
