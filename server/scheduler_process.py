@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import queue
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import zmq
 from commitlog import ChainHead, DoomSource, RequestRefusedError
 from server.config import ServerArgs
 from server.errors import TokenLedgerError
+from server.log_setup import configure_logging
 from server.messages import (
     AbortMsg,
     AbortReplyMsg,
@@ -230,7 +230,7 @@ class SchedulerProcess:
 def scheduler_main(args: ServerArgs, log_dir: str, inbound: str, outbound: str) -> None:
     """Entry point of the spawned process. SIGTERM/SIGINT belong to the front's shutdown."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _configure_logging(args.log_format)
+    configure_logging(args.log_format)
     try:
         proc = SchedulerProcess(args, Path(log_dir), inbound, outbound)
     except TokenLedgerError as exc:
@@ -256,12 +256,3 @@ def _report_fatal(outbound: str, message: str) -> None:
     sock.send(encode(FatalMsg(message)))
     sock.close()
     ctx.term()
-
-
-def _configure_logging(fmt: str) -> None:
-    """A spawned process starts with structlog's defaults: render as the front does (JSON with
-    `--log-format json`) on the stderr both processes share, so the chain-head lines reach the same pipeline."""
-    renderer: structlog.typing.Processor = (structlog.processors.JSONRenderer() if fmt == "json"
-                                            else structlog.dev.ConsoleRenderer(colors=False))
-    structlog.configure(processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"),
-                                    renderer], logger_factory=structlog.PrintLoggerFactory(sys.stderr))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import logging
 import sys
 import threading
 from collections.abc import AsyncIterator
@@ -23,18 +22,12 @@ from server.errors import EngineStoppedError
 from server.http.app import create_app
 from server.http.client import SchedulerClient
 from server.http.front import Front
+from server.log_setup import configure_logging
 from server.models.config import ModelConfig
 from server.models.demo import model_dir_for
 from server.tokenizer import Tokenizer
 
 log = structlog.get_logger("tokenledger.serve")
-
-
-def configure_logging(fmt: str) -> None:
-    renderer = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
-    structlog.configure(processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"),
-                                    renderer], logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
 
 
 def default_log_dir() -> Path:

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from inproc_scheduler import generate_msg, inproc_scheduler
 from server_process import ServerProcess
 from structlog.testing import capture_logs
 
@@ -22,26 +23,10 @@ from commitlog.wal import Wal
 from server.config import ServerArgs
 from server.http.chain_head import chain_head_router
 from server.http.metrics import Metrics
-from server.messages import GenerateMsg, ShutdownMsg
-from server.request import LogprobRequest, RequestSpec
-from server.sampling.params import SamplingParams
-from server.scheduler_process import SchedulerProcess
+from server.messages import ShutdownMsg
 
 ROOT = Path(__file__).resolve().parents[2]
 GREEDY = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
-
-
-class _Collect:
-    """Stands in for the sender thread: keeps what the scheduler would send to the front."""
-
-    def __init__(self) -> None:
-        self.sent: list[object] = []
-
-    def send(self, msg: object) -> None:
-        self.sent.append(msg)
-
-    def close(self) -> None:
-        pass
 
 
 def _verify(log: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -51,19 +36,12 @@ def _verify(log: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 
 def _serve_two_requests(model: Path, log: Path, tmp_path: Path) -> list[dict]:
     """A real SchedulerProcess in this process: two requests, then a shutdown; its log lines."""
-    proc = SchedulerProcess(ServerArgs(model_path=str(model)), log, f"ipc://{tmp_path}/in", f"ipc://{tmp_path}/out")
-    proc.sender.close()
-    proc.sender = _Collect()  # type: ignore[assignment]
-    try:
+    with inproc_scheduler(model, log, tmp_path) as proc:
         for rid in ("a", "b"):
-            spec = RequestSpec(rid, [5, 6, 7], SamplingParams.from_dict(GREEDY | {"seed": 1}), LogprobRequest())
-            proc._handle(GenerateMsg.from_spec(spec))
+            proc._handle(generate_msg(rid, GREEDY))
         proc._handle(ShutdownMsg(grace_s=60))  # the loop drains both requests, then stops
         with capture_logs() as lines:
             proc.serve()
-    finally:
-        proc.inbound.close(linger=0)
-        proc.ctx.term()
     return [line for line in lines if line["event"] == "chain_head"]
 
 

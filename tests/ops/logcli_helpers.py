@@ -94,3 +94,22 @@ def good_request(rid: str, num_tokens: int = 3) -> list[Entry]:
         entries.append(commit(rid, [10 + i], wm=4 + i, fin=FinishReason.LENGTH if last else None,
                               matched=num_tokens if last else None))
     return entries + [finish(rid, "length", num_tokens, 3 + num_tokens, num_tokens)]
+
+
+def write_pristine_log(log_dir: Path) -> Path:
+    """A sound log of 40 finished requests between SERVER_START and SERVER_STOP: the base the damage tests corrupt."""
+    write_log(log_dir, [[server(Kind.SERVER_START)]] + [good_request(f"req-{i}", 4) for i in range(40)]
+              + [[server(Kind.SERVER_STOP)]])
+    return log_dir
+
+
+def record_values(log_dir: Path) -> dict[int, bytes]:
+    """Every stored value of the records table by LSN, read raw (no decoding, no checks)."""
+    from commitlog import LogReader
+
+    reader = LogReader.open(log_dir)
+    try:
+        with reader.wal.env.begin() as txn:
+            return {int.from_bytes(k, "big"): bytes(v) for k, v in txn.cursor(reader.wal.records)}
+    finally:
+        reader.close()

@@ -7,9 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from logcli_helpers import cli, cli_subprocess, good_request, server, write_log
+from logcli_helpers import cli, cli_subprocess, record_values, write_pristine_log
 
-from commitlog import Kind, LogReader
 from commitlog.codec import lsn_key
 from commitlog.wal import Durability, Wal, WalConfig
 
@@ -19,19 +18,7 @@ DAMAGED_LSN = 100
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    log = tmp_path_factory.mktemp("pristine") / "log"
-    write_log(log, [[server(Kind.SERVER_START)]] + [good_request(f"req-{i}", 4) for i in range(40)]
-              + [[server(Kind.SERVER_STOP)]])
-    return log
-
-
-def _values(log: Path) -> dict[int, bytes]:
-    reader = LogReader.open(log)
-    try:
-        with reader.wal.env.begin() as txn:
-            return {int.from_bytes(k, "big"): bytes(v) for k, v in txn.cursor(reader.wal.records)}
-    finally:
-        reader.close()
+    return write_pristine_log(tmp_path_factory.mktemp("pristine") / "log")
 
 
 def _damage_page_of(log: Path, value: bytes, how: str) -> None:
@@ -47,7 +34,7 @@ def _damage_page_of(log: Path, value: bytes, how: str) -> None:
 def _damaged(pristine: Path, tmp_path: Path, how: str) -> Path:
     log = tmp_path / "log"
     shutil.copytree(pristine, log)
-    _damage_page_of(log, _values(pristine)[DAMAGED_LSN], how)
+    _damage_page_of(log, record_values(pristine)[DAMAGED_LSN], how)
     return log
 
 
@@ -70,8 +57,8 @@ def test_salvage_of_a_damaged_page_copies_every_readable_record_and_names_the_lo
     assert ran.rc == 0 and "Traceback" not in ran.err, (ran.rc, ran.err[-500:])
     report = ran.json()
     lost = set(report["lost_lsns"]) | {n for a, b in report["lost_ranges"] for n in range(a, b + 1)}
-    copied = _values(out)
-    original = _values(pristine)
+    copied = record_values(out)
+    original = record_values(pristine)
     assert DAMAGED_LSN in lost and DAMAGED_LSN not in copied
     assert set(copied) - {max(copied)} | lost == set(original)  # every record is either copied or named lost
     assert len(lost) < len(original) // 2  # the records after the damaged page were copied too
@@ -87,7 +74,7 @@ def test_salvage_of_a_damaged_page_copies_every_readable_record_and_names_the_lo
 def test_salvage_skips_a_record_under_a_far_away_key(pristine: Path, tmp_path: Path) -> None:
     log = tmp_path / "log"
     shutil.copytree(pristine, log)
-    values = _values(pristine)
+    values = record_values(pristine)
     wal = Wal.open(log, WalConfig(durability=Durability.NONE))
     with wal.env.begin(write=True) as txn:
         txn.put(lsn_key(2**62), values[5], db=wal.records)

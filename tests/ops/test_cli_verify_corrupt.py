@@ -7,25 +7,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from logcli_helpers import cli, cli_subprocess, good_request, server, write_log
+from logcli_helpers import cli, cli_subprocess, record_values, write_pristine_log
 
-from commitlog import Kind, LogReader
+from commitlog import LogReader
 
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    log = tmp_path_factory.mktemp("pristine") / "log"
-    write_log(log, [[server(Kind.SERVER_START)]] + [good_request(f"req-{i}", 4) for i in range(40)]
-              + [[server(Kind.SERVER_STOP)]])
-    return log
-
-
-def _values(log: Path) -> dict[int, bytes]:
-    reader = LogReader.open(log)
-    with reader.wal.env.begin() as txn:
-        values = {int.from_bytes(k, "big"): bytes(v) for k, v in txn.cursor(reader.wal.records)}
-    reader.close()
-    return values
+    return write_pristine_log(tmp_path_factory.mktemp("pristine") / "log")
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -46,7 +35,7 @@ def _flip_in_value(log: Path, value: bytes, offset: int, mask: int) -> None:
 @pytest.mark.parametrize("seed", range(16))
 def test_flipped_byte_in_any_record_exits_2_with_its_lsn_and_salvage_recovers_what_precedes(
         pristine: Path, tmp_path: Path, seed: int) -> None:
-    values = _values(pristine)
+    values = record_values(pristine)
     rng = random.Random(seed)
     lsn = rng.choice(sorted(values))
     log = _copy(pristine, tmp_path / "log")
@@ -60,7 +49,7 @@ def test_flipped_byte_in_any_record_exits_2_with_its_lsn_and_salvage_recovers_wh
 
     salvaged = cli("salvage", "--log-dir", log, "--out", tmp_path / "out", "--json")
     assert salvaged.rc == 0 and salvaged.json()["lost_lsns"] == [lsn]
-    copied = _values(tmp_path / "out")
+    copied = record_values(tmp_path / "out")
     reader = LogReader.open(pristine)
     before = {r.lsn: (r.kind, r.rid, r.payload) for r in reader.records(1, lsn - 1)}
     reader.close()

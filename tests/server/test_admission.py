@@ -2,59 +2,33 @@
 from __future__ import annotations
 
 import pytest
+from inproc_scheduler import generate_msg, inproc_scheduler
 
 from commitlog import Kind, LogReader
 from commitlog.rids import MAX_RID_BYTES
-from server.config import ServerArgs
 from server.errors import InvalidRequestError
-from server.messages import GenerateMsg, RejectMsg
+from server.messages import RejectMsg
 from server.request import LogprobRequest, RequestSpec
 from server.sampling.params import SamplingParams
-from server.scheduler_process import SchedulerProcess
 
 LONG_RID = "r" * (MAX_RID_BYTES + 1)
 SURROGATE_RID = "bad\ud800rid"
 GREEDY = {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}
 
 
-class _Collect:
-    """Stands in for the sender thread: keeps what the scheduler would send to the front."""
-
-    def __init__(self) -> None:
-        self.sent: list[object] = []
-
-    def send(self, msg: object) -> None:
-        self.sent.append(msg)
-
-    def close(self) -> None:
-        pass
-
-
-def _msg(rid: str) -> GenerateMsg:
-    spec = RequestSpec(rid, [5, 6, 7], SamplingParams.from_dict(GREEDY | {"seed": 1}), LogprobRequest())
-    return GenerateMsg.from_spec(spec)
-
-
 @pytest.mark.parametrize("rid", [LONG_RID, SURROGATE_RID], ids=["over_256_bytes", "lone_surrogate"])
 def test_scheduler_process_rejects_a_rid_it_cannot_log_and_keeps_serving(tiny_checkpoint, tmp_path, rid):
-    proc = SchedulerProcess(ServerArgs(model_path=str(tiny_checkpoint("llama"))), tmp_path / "log",
-                            f"ipc://{tmp_path}/in", f"ipc://{tmp_path}/out")
-    proc.sender.close()
-    proc.sender = _Collect()  # type: ignore[assignment]
-    try:
-        proc._handle(_msg(rid))  # before the fix: ValueError out of Ledger.begin, the process exits
-        rejects = [m for m in proc.sender.sent if isinstance(m, RejectMsg)]
+    with inproc_scheduler(tiny_checkpoint("llama"), tmp_path / "log", tmp_path) as proc:
+        sent = proc.sender.sent  # type: ignore[attr-defined]
+        proc._handle(generate_msg(rid, GREEDY))  # before the fix: ValueError out of Ledger.begin, the process exits
+        rejects = [m for m in sent if isinstance(m, RejectMsg)]
         assert [(r.rid, r.status) for r in rejects] == [(rid, 400)]
         assert "rid" in rejects[0].message
         assert proc.sched.is_idle  # nothing held for the refused request
-        proc._handle(_msg("after"))
+        proc._handle(generate_msg("after", GREEDY))
         while not proc.sched.is_idle:
             proc.sched.run_step()
         assert proc.sched.kv_pool.num_free == proc.sched.kv_pool.capacity
-    finally:
-        proc.sched.ledger.close()
-        proc.inbound.close(linger=0)
-        proc.ctx.term()
     reader = LogReader.open(tmp_path / "log")
     try:
         kinds = [r.kind for r in reader.request_records("after")]
