@@ -83,7 +83,9 @@ def test_scheduler_logs_the_durable_chain_head_periodically_and_at_shutdown(tiny
         assert h["expect_head"] == f"{h['lsn']}:{h['hash']}"
     assert records[final["lsn"]].kind is Kind.SERVER_STOP and final["lsn"] == max(records)
     assert [h["lsn"] for h in periodic] == sorted(h["lsn"] for h in periodic)
-    assert periodic[-1]["lsn"] > periodic[0]["lsn"]  # the head moved while the requests ran
+    # Whether the durable head moves between two loop turns depends on when the writer thread's
+    # fsync lands (CI once saw every periodic head at LSN 1), so only the order is asserted.
+    assert all(h["lsn"] < final["lsn"] for h in periodic)
 
 
 def test_shutdown_chain_head_passes_verify_and_fails_it_after_an_earlier_edit(tiny_checkpoint, tmp_path, monkeypatch):
