@@ -36,6 +36,9 @@ class ServerArgs:
     log_requests_level: int = 2
     log_format: str = "console"
     shutdown_grace_s: float = 30.0  # on SIGTERM: how long running requests may finish
+    # Prompts one HTTP request may hold (a native batch, an OpenAI prompt list times n): each is
+    # tokenized and scheduled, so an unbounded list lets one client stall everyone.
+    max_prompts_per_request: int = 256
     reasoning_parser: str | None = None  # deepseek-r1 | qwen3: track <think>...</think> per request
 
     @classmethod
@@ -66,6 +69,8 @@ class ServerArgs:
             raise ConfigError("--tp-size > 1 is not supported yet; run with --tp-size 1")
         if self.log_requests_level not in (0, 1, 2, 3):
             raise ConfigError("--log-requests-level must be 0, 1, 2 or 3")
+        if self.max_prompts_per_request < 1:
+            raise ConfigError("--max-prompts-per-request must be >= 1")
         if self.shutdown_grace_s < 0:
             raise ConfigError("--shutdown-grace-s must be >= 0")
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:

@@ -24,6 +24,7 @@ class AbortStatus(str, enum.Enum):
     ABORTED = "aborted"
     ALREADY_FINISHED = "already_finished"
     UNKNOWN = "unknown"
+    CORRUPT = "corrupt"  # the log holds the rid, but its records fail their checks
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,10 +36,13 @@ class AbortAnswer:
     completion_tokens: int = 0
     lsn: int | None = None  # the ABORT_REQUESTED record, durable when this answer is sent
     finish: dict[str, Any] | None = None  # for already_finished: how it finished
+    detail: str | None = None  # for corrupt: what the check found
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rid": self.rid, "status": self.status.value, "completion_tokens": self.completion_tokens,
                                "lsn": self.lsn}
         if self.finish is not None:
             out["finish_reason"] = self.finish
+        if self.detail is not None:
+            out["detail"] = self.detail
         return out

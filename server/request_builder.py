@@ -18,6 +18,10 @@ class Limits:
     vocab_size: int
     context_len: int
     kv_capacity: int
+    max_prompts: int | None = None  # prompts (choices, for OpenAI n > 1) one call may hold; None: no cap
+
+
+PROMPTS_FLAG = "--max-prompts-per-request"
 
 
 @dataclass(slots=True)
@@ -63,11 +67,21 @@ class RequestBuilder:
                 return [self._encode(call.prompt)], False
             if not isinstance(call.prompt, list) or not call.prompt or not all(isinstance(p, str) for p in call.prompt):
                 raise InvalidRequestError("text must be a string or a non-empty list of strings", "text")
+            self.check_prompt_count(len(call.prompt), "text")  # before any tokenizing
             return [self._encode(p) for p in call.prompt], True
         ids = call.input_ids
         if isinstance(ids, list) and ids and all(isinstance(x, list) for x in ids):
+            self.check_prompt_count(len(ids), "input_ids")
             return [self._check_ids(x) for x in ids], True  # type: ignore[arg-type]
         return [self._check_ids(ids)], False
+
+    def check_prompt_count(self, count: int, field: str) -> None:
+        """Bounds the work one call can ask for: refused before a single prompt is built."""
+        cap = self.limits.max_prompts
+        if cap is not None and count > cap:
+            raise InvalidRequestError(f"one request may hold at most {cap} prompts (this one holds {count}); "
+                                      f"send several requests, or start the server with a larger {PROMPTS_FLAG}",
+                                      field)
 
     def _encode(self, text: str) -> list[int]:
         check_unicode("text", text)  # the tokenizer raises a bare TypeError on a lone surrogate

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, wait
 
-from commitlog import DoomSource, FinishReason, Ledger
+from commitlog import CommitLogError, DoomSource, FinishReason, Ledger, UnknownRequestError
 from commitlog.audit import finish_reason_object
 from server.batch_builder import BatchBuilder
 from server.forward_batch import ForwardBatch
@@ -233,8 +233,10 @@ class Scheduler:
     def _answer_for_unlive(self, rid: str) -> AbortAnswer:
         try:
             state = self.ledger.read(lambda reader: reader.rebuild(rid))
-        except Exception:  # no record of it in the log: never begun here
+        except UnknownRequestError:  # no record of it in the log: never begun here
             return AbortAnswer(rid, AbortStatus.UNKNOWN)
+        except CommitLogError as exc:  # begun here, but its records cannot be trusted
+            return AbortAnswer(rid, AbortStatus.CORRUPT, detail=str(exc))
         return AbortAnswer(rid, AbortStatus.ALREADY_FINISHED, len(state.output_ids), finish=finish_reason_object(state))
 
     # -- grammars -------------------------------------------------------------------

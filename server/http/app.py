@@ -2,7 +2,7 @@
 native and OpenAI routers."""
 from __future__ import annotations
 
-import hmac
+import asyncio
 import traceback
 from typing import Any
 
@@ -10,8 +10,10 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from commitlog import CommitLogError, LogReader
+from commitlog import CommitLogError, CorruptRecordError, LogReader
+from commitlog.errors import SALVAGE_HINT
 from server.errors import EngineStoppedError, InvalidRequestError, TokenLedgerError
+from server.http.auth import BearerAuth, require_admin
 from server.http.bodies import json_object, typed
 from server.http.chain_head import chain_head_router
 from server.http.errors import HttpError, error_response
@@ -21,7 +23,6 @@ from server.http.openai_api import openai_router
 from server.outputs import AbortAnswer, AbortStatus
 
 log = structlog.get_logger("tokenledger.http")
-OPEN_PATHS = frozenset({"/health"})
 LOGGED_FRAMES = 12  # innermost frames of an unexpected error's traceback
 MAX_LOGGED_ERROR_CHARS = 500
 
@@ -42,16 +43,7 @@ def create_app(front: Front) -> FastAPI:
                   traceback="".join(traceback.format_exception(exc, limit=-LOGGED_FRAMES)))
         return error_response(TokenLedgerError(f"internal error: {type(exc).__name__}"))
 
-    @app.middleware("http")
-    async def authenticate(request: Request, call_next: Any) -> Response:
-        if api_key and request.url.path not in OPEN_PATHS and not _bearer_matches(request, api_key, admin_key):
-            return error_response(HttpError(401, "missing or wrong API key (Authorization: Bearer <key>)",
-                                            "authentication_error"))
-        return await call_next(request)
-
-    def require_admin(request: Request) -> None:
-        if admin_key and not _bearer_matches(request, admin_key):
-            raise HttpError(401, "this route needs the admin API key", "authentication_error")
+    app.add_middleware(BearerAuth, api_key=api_key, admin_key=admin_key)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -68,18 +60,20 @@ def create_app(front: Front) -> FastAPI:
     async def abort_request(request: Request) -> JSONResponse:
         body = await json_object(request, frozenset({"rid", "abort_all"}))
         if typed(body, "abort_all", bool, False):
-            require_admin(request)
+            require_admin(request, admin_key)
             answers = await front.client.abort([], "api", abort_all=True)
             return JSONResponse({"aborted": [a.to_dict() for a in answers]})
         rid = typed(body, "rid", str)
         if not rid:
             raise InvalidRequestError("rid is required (or abort_all: true)", "rid")
-        return _abort_response(rid, await front.abort(rid, "api"))
+        return _abort_response(rid, await front.abort(rid, "api"), str(front.client.log_dir))
 
-    @app.get("/requests/{rid}")
+    # `:path`, so a rid holding "/" (sent as %2F or as is) reads back like any other.
+    @app.get("/requests/{rid:path}")
     async def request_view(rid: str, request: Request) -> JSONResponse:
-        require_admin(request)
-        view = _read_audit(front, rid)
+        require_admin(request, admin_key)
+        # Off the event loop: a long request's records take a while to decode.
+        view = await asyncio.to_thread(_read_audit, front, rid)
         if view is None:
             raise HttpError(404, f"the log has no request {rid!r}", "not_found", "rid")
         return JSONResponse(view)
@@ -90,23 +84,16 @@ def create_app(front: Front) -> FastAPI:
     return app
 
 
-def _bearer_matches(request: Request, *keys: str | None) -> bool:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    # Constant-time comparisons, and all of them, so timing says nothing about which key is close.
-    results = [hmac.compare_digest(token.encode(), key.encode()) for key in keys if key]
-    return any(results)
-
-
-def _abort_response(rid: str, answers: list[AbortAnswer]) -> JSONResponse:
+def _abort_response(rid: str, answers: list[AbortAnswer], front_log_dir: str) -> JSONResponse:
     if any(a.status is AbortStatus.ABORTED for a in answers):
         aborted = [a for a in answers if a.status is AbortStatus.ABORTED]
         body = aborted[0].to_dict() if len(answers) == 1 else {
             "rid": rid, "status": "aborted", "completion_tokens": sum(a.completion_tokens for a in aborted),
             "lsn": max(a.lsn or 0 for a in aborted), "choices": [a.to_dict() for a in answers]}
         return JSONResponse(body)
+    corrupt = [a for a in answers if a.status is AbortStatus.CORRUPT]
+    if corrupt:
+        raise corrupt_log_error(rid, corrupt[0].detail or "its records are damaged", front_log_dir)
     done = [a for a in answers if a.status is AbortStatus.ALREADY_FINISHED]
     if done:
         raise HttpError(409, f"request {rid!r} had already finished", "conflict", "rid",
@@ -123,5 +110,15 @@ def _read_audit(front: Front, rid: str) -> dict[str, Any] | None:
 
     try:
         return audit_request(reader, rid)
+    except CorruptRecordError as exc:
+        raise corrupt_log_error(rid, str(exc), str(front.client.log_dir)) from exc
     finally:
         reader.close()
+
+
+def corrupt_log_error(rid: str, detail: str, log_dir: str) -> HttpError:
+    """The request is in the log but its records fail their checks: not unknown (404) and not a
+    server bug (500). 409: the stored state conflicts with its own checksums; the fix is a salvage."""
+    return HttpError(409, f"the log's records of request {rid!r} are corrupt ({detail}); copy out every intact "
+                          f"record with `{SALVAGE_HINT.format(log_dir=log_dir)}` and serve from the copy",
+                     "corrupt_log", "rid")

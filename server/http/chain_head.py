@@ -2,14 +2,13 @@
 directory; `tokenledger verify --expect-head LSN:HASH` later proves nothing at or before it changed."""
 from __future__ import annotations
 
-import hmac
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from commitlog import ChainHead, CommitLogError, LogReader, read_head
 from server.errors import EngineStoppedError, TokenLedgerError
+from server.http.auth import require_admin
 from server.http.errors import HttpError, error_response
 from server.http.front import Front
 
@@ -22,9 +21,8 @@ def chain_head_router(front: Front) -> APIRouter:
 
     @router.get("/log/head")
     async def log_head(request: Request) -> JSONResponse:
-        if admin_key and not _is_admin(request, admin_key):
-            return error_response(HttpError(401, "this route needs the admin API key", "authentication_error"))
         try:
+            require_admin(request, admin_key)
             # Off the event loop: opening LMDB and reading a record may touch the disk.
             head = await run_in_threadpool(_durable_head, front)
         except TokenLedgerError as exc:
@@ -32,14 +30,6 @@ def chain_head_router(front: Front) -> APIRouter:
         return JSONResponse(head.to_dict())
 
     return router
-
-
-def _is_admin(request: Request, admin_key: str) -> bool:
-    """The same rule as the app's admin routes: `Authorization: Bearer <admin key>`, compared in constant time.
-
-    Not imported from server.http.app, which includes this router: that would be an import cycle."""
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), admin_key.encode())
 
 
 def _durable_head(front: Front) -> ChainHead:

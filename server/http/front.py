@@ -3,11 +3,13 @@ request helpers every route uses (stream deltas, collect results, abort on disco
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from starlette.requests import Request
@@ -31,6 +33,8 @@ LOGGED_TEXT_CHARS = 200  # --log-requests-level 2 cuts logged text here; 3 logs 
 # each, so 4,096 ids cost well under 4 MB. Older ids answer 404; their members `{id}-{i}`
 # stay abortable (409) by name, since the scheduler resolves a finished rid through the log.
 FINISHED_GROUPS_KEPT = 4096
+WORK_THREADS = 2
+T = TypeVar("T")
 
 
 @dataclass
@@ -47,11 +51,18 @@ class Front:
     groups: dict[str, list[str]] = field(default_factory=dict)
     finished_groups: OrderedDict[str, list[str]] = field(default_factory=OrderedDict)
     _background: set[asyncio.Task[object]] = field(default_factory=set)
+    # Per-request work (tokenizing, chat templates, building specs) runs here, never on the
+    # event loop: a large batch must not stall /health or other clients' streams.
+    _work: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(WORK_THREADS, thread_name_prefix="tokenledger-build"))
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._work, functools.partial(fn, *args))
 
     def on_ready(self) -> None:
         ready = self.client.ready
         assert ready is not None
-        limits = Limits(ready.vocab_size, ready.context_len, ready.kv_capacity)
+        limits = Limits(ready.vocab_size, ready.context_len, ready.kv_capacity, self.args.max_prompts_per_request)
         self.builder = RequestBuilder(self.tokenizer, limits, self.args.random_seed)
         self.client.on_stats.append(self.metrics.on_stats)
 

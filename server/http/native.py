@@ -6,11 +6,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from server.errors import InvalidRequestError
 from server.http.bodies import json_object, typed
-from server.http.front import Front, require_ready
+from server.http.client import Submission
+from server.http.front import AcceptedStream, Front, require_ready
+from server.request import RequestSpec
 from server.request_builder import GenerateCall
 from server.response import CommittedView, format_output
 
@@ -38,13 +40,18 @@ def native_router(front: Front) -> APIRouter:
             logprob_start_len=typed(body, "logprob_start_len", int, -1),
             return_hidden_states=typed(body, "return_hidden_states", bool, False), rid=body.get("rid"),
         )
-        specs, is_batch = require_ready(front).build(call)
-        front.check_rids_free(specs)
-        if typed(body, "stream", bool, False):
-            if is_batch:
-                raise InvalidRequestError("stream is supported for one prompt at a time", "stream")
-            return StreamingResponse(_stream(front, specs[0]), media_type="text/event-stream")
-        views = await front.collect(specs, request)
+        stream = typed(body, "stream", bool, False)
+        specs, is_batch = await front.off_loop(require_ready(front).build, call)
+        if stream and is_batch:
+            raise InvalidRequestError("stream is supported for one prompt at a time", "stream")
+        # Accepted now: from here an abort of these rids wins, even before the scheduler admits them.
+        submissions = front.accept(specs)
+        if stream:
+            return AcceptedStream(_stream(front, specs[0], submissions[0]), lambda: front.release(submissions))
+        try:
+            views = await front.collect(specs, request, submissions)
+        finally:
+            front.release(submissions)
         if views is None:
             return Response(status_code=499)  # the client is gone; nobody reads this
         outputs = [format_output(v, front.tokenizer) for v in views]
@@ -53,9 +60,9 @@ def native_router(front: Front) -> APIRouter:
     return router
 
 
-async def _stream(front: Front, spec: Any) -> AsyncIterator[bytes]:
+async def _stream(front: Front, spec: RequestSpec, submission: Submission) -> AsyncIterator[bytes]:
     view = CommittedView(spec.rid, spec.prompt_ids, spec.logprob, spec.params.skip_special_tokens)
-    async for delta in front.stream(spec, view):
+    async for delta in front.stream(spec, view, submission):
         if delta.token_ids or delta.finish is not None:
             yield sse(format_output(view, front.tokenizer))
     yield SSE_DONE

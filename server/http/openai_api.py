@@ -66,12 +66,12 @@ def openai_router(front: Front) -> APIRouter:
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body = await json_object(request, COMPLETION_FIELDS)
-        return await _respond(front, request, body, _completion_call(front, body))
+        return await _respond(front, request, body, await front.off_loop(_completion_call, front, body))
 
     @router.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         body = await json_object(request, CHAT_FIELDS)
-        return await _respond(front, request, body, _chat_call(front, body))
+        return await _respond(front, request, body, await front.off_loop(_chat_call, front, body))
 
     return router
 
@@ -152,11 +152,16 @@ def _build(front: Front, body: dict[str, Any], model: str, kind: str, call: Gene
     options = typed(body, "stream_options", dict, {})
     rid = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
     call.return_logprob, call.top_logprobs_num = k is not None, k or 0
+    builder = require_ready(front)
+    prompts = len(call.prompt) if isinstance(call.prompt, list) else 1
+    prompts = len(call.input_ids) if call.input_ids and isinstance(call.input_ids[0], list) else prompts
+    cap = builder.limits.max_prompts
+    builder.check_prompt_count(prompts * n, "n" if cap is not None and prompts <= cap else "prompt")
     specs: list[RequestSpec] = []
     for i in range(n):
         seeded = {**params, "seed": params["seed"] + i} if "seed" in params else params
         call.sampling_params, call.rid = seeded, None
-        built, _ = require_ready(front).build(call)
+        built, _ = builder.build(call)
         specs.extend(built)
     specs = [RequestSpec(rid if len(specs) == 1 else f"{rid}-{i}", s.prompt_ids, s.params, s.logprob)
              for i, s in enumerate(specs)]

@@ -114,6 +114,28 @@ def test_client_disconnect_aborts_with_source_disconnect(server):
     assert view["finish_reason"]["type"] == "abort"
 
 
+def wait_for_abort(server, rid: str, timeout: float = 30) -> dict:
+    deadline, view = time.monotonic() + timeout, {}
+    while time.monotonic() < deadline:
+        view = httpx.get(f"{server.url}/requests/{rid}").json()
+        if view.get("status") == "aborted":
+            break
+        time.sleep(0.2)
+    return view
+
+
+def test_a6_non_streaming_client_that_disconnects_is_aborted_with_source_disconnect(server):
+    # The client gives up after 1 s; 1,500 tokens take several. Before the fix the auth middleware
+    # (BaseHTTPMiddleware) hid the disconnect and the request ran to its limit.
+    body = {"input_ids": list(range(9, 19)), "rid": "walk-away-json",
+            "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/generate", json=body, timeout=httpx.Timeout(30, read=1.0))
+    view = wait_for_abort(server, "walk-away-json")
+    assert view["status"] == "aborted" and view["abort_source"] == "disconnect", view
+    assert view["completion_tokens"] < 1500
+
+
 def test_64_concurrent_streams_all_complete(server):
     def one(i: int) -> int:
         body = {"input_ids": list(range(3 + i, 13 + i)), "stream": True,

@@ -83,6 +83,84 @@ def test_json_nested_100000_deep_is_400_without_a_stall(server, route, opener):
     assert worst < HEALTH_BOUND_S, f"/health took {worst:.2f}s while the deep body was refused"
 
 
+# -- A.3: bounded work per request ------------------------------------------------------
+MAX_PROMPTS = 256  # --max-prompts-per-request's default
+LONG_TEXT = "Once upon a time there was a little fox who liked to run far. " * 480  # ~30 KB
+
+
+def test_a_batch_over_max_prompts_per_request_is_400_naming_the_field_before_any_work(server):
+    over = MAX_PROMPTS + 1
+    cases = [("/generate", {"text": ["hi"] * over}, "text"),
+             ("/generate", {"input_ids": [[5, 6]] * over}, "input_ids"),
+             ("/v1/completions", {"model": model_name(server), "prompt": ["hi"] * over, "max_tokens": 1}, "prompt"),
+             # OpenAI's n multiplies the work: 129 prompts x 2 choices is 258 requests.
+             ("/v1/completions", {"model": model_name(server), "prompt": ["hi"] * 129, "n": 2, "max_tokens": 1}, "n")]
+    for route, body, param in cases:
+        body = body if route != "/generate" else body | {"sampling_params": {"max_new_tokens": 1}}
+        t0 = time.monotonic()
+        r = post(server, route, json.dumps(body))
+        assert r.status_code == 400, (route, r.text[:300])
+        error = r.json()["error"]
+        assert f"at most {MAX_PROMPTS} prompts" in error["message"] and "--max-prompts-per-request" in error["message"]
+        assert error["param"] == param
+        assert time.monotonic() - t0 < 5, "the refusal must come before the prompts are built"
+
+
+def test_health_answers_while_a_max_size_batch_is_tokenized(server):
+    # 256 prompts of ~30 KB (7.7 MB, under the body limit): seconds of tokenization, which must
+    # not run on the event loop. Each prompt is longer than the context, so the batch is refused
+    # once tokenized, and no generation is needed to prove the point.
+    body = json.dumps({"text": [LONG_TEXT] * MAX_PROMPTS, "sampling_params": {"max_new_tokens": 1}})
+    r, worst = health_latency_while(server, lambda: post(server, "/generate", body, timeout=120))
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_new_tokens", r.text[:300]
+    assert worst < HEALTH_BOUND_S, f"/health took {worst:.2f}s while the batch was tokenized"
+
+
+def test_a_full_batch_of_max_prompts_is_served_and_health_stays_live(server):
+    body = json.dumps({"text": [f"story {i} begins" for i in range(MAX_PROMPTS)],
+                       "sampling_params": {"max_new_tokens": 1, "ignore_eos": True, "temperature": 0}})
+    r, worst = health_latency_while(server, lambda: post(server, "/generate", body, timeout=300))
+    assert r.status_code == 200, r.text[:300]
+    assert len(r.json()) == MAX_PROMPTS and all(len(o["output_ids"]) == 1 for o in r.json())
+    assert worst < HEALTH_BOUND_S, f"/health took {worst:.2f}s while the batch ran"
+
+
+def test_max_prompts_per_request_is_a_validated_server_flag():
+    import argparse
+
+    from ops.server_args import add_server_args, server_args_from
+    from server.errors import ConfigError
+
+    parser = argparse.ArgumentParser()
+    add_server_args(parser)
+    assert server_args_from(parser.parse_args([])).max_prompts_per_request == MAX_PROMPTS
+    assert server_args_from(parser.parse_args(["--max-prompts-per-request", "8"])).max_prompts_per_request == 8
+    with pytest.raises(ConfigError, match="--max-prompts-per-request"):
+        server_args_from(parser.parse_args(["--max-prompts-per-request", "0"]))
+
+
+def test_request_builder_refuses_more_prompts_than_its_limit_before_tokenizing():
+    from server.errors import InvalidRequestError
+    from server.request_builder import GenerateCall, Limits, RequestBuilder
+
+    class CountingTokenizer:
+        calls = 0
+
+        def encode(self, text: str) -> list[int]:
+            CountingTokenizer.calls += 1
+            return [1, 2]
+
+    builder = RequestBuilder(CountingTokenizer(), Limits(100, 64, 64, max_prompts=3), 0)  # type: ignore[arg-type]
+    assert len(builder.build(GenerateCall(prompt=["a"] * 3, sampling_params={"max_new_tokens": 1}))[0]) == 3
+    CountingTokenizer.calls = 0
+    with pytest.raises(InvalidRequestError, match="at most 3 prompts") as exc:
+        builder.build(GenerateCall(prompt=["a"] * 4))
+    assert exc.value.param == "text" and CountingTokenizer.calls == 0
+    with pytest.raises(InvalidRequestError, match="at most 3 prompts") as exc:
+        builder.build(GenerateCall(input_ids=[[1]] * 4))
+    assert exc.value.param == "input_ids"
+
+
 def test_an_unexpected_error_is_a_500_json_body_logged_without_rendering_frame_locals(capsys):
     # Rendering a traceback with every frame's locals (structlog's console default) is what held the
     # event loop for seconds; the handler must log a plain, bounded traceback instead.
