@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ops import bench_engine, bench_grammar, bench_throughput, bench_wal
+from ops import bench_engine, bench_grammar, bench_serve, bench_throughput, bench_wal
 from ops.server_args import add_server_args, server_args_from
 from server.errors import TokenLedgerError
 
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     bench_engine.add_parser(bench_sub)
     bench_grammar.add_parser(bench_sub)
+    bench_serve.add_parser(bench_sub)
     bench_throughput.add_parser(bench_sub)
     bench_wal.add_parser(bench_sub)
     # verify, replay, audit, export, salvage

@@ -22,6 +22,7 @@ def free_port() -> int:
 class ServerProcess:
     def __init__(self, model_dir: Path, log_dir: Path, *extra: str) -> None:
         self.port = free_port()
+        self.model_dir = model_dir
         self.log_dir = log_dir
         self.url = f"http://127.0.0.1:{self.port}"
         self.stderr_path = log_dir.parent / f"serve-{self.port}.stderr"

@@ -1,0 +1,176 @@
+"""An open-loop load generator for any OpenAI-compatible `/v1/completions`: streamed requests
+at a Poisson rate or a fixed concurrency, with per-request timings, and aborts at random
+times (by `/abort_request` or by disconnect) whose latency is measured to the final chunk."""
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+ABORT_POLL_S = 0.02
+
+
+class AbortWay(enum.Enum):
+    NONE = "none"
+    API = "api"  # POST /abort_request {"rid": id}
+    DISCONNECT = "disconnect"  # the client closes the stream
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRequest:
+    prompt: str
+    prompt_tokens: int
+    max_tokens: int
+    abort: AbortWay = AbortWay.NONE
+    abort_after_s: float = 0.0  # from the first token
+
+
+@dataclass(slots=True)
+class RequestTiming:
+    """What one request did, seen from the client."""
+
+    ok: bool = False
+    error: str | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    ttft_s: float = 0.0
+    e2e_s: float = 0.0
+    itl_s: list[float] = field(default_factory=list)
+    aborted_by: AbortWay = AbortWay.NONE
+    abort_latency_s: float | None = None  # abort call -> final chunk (or the log showing it, for a disconnect)
+
+    @property
+    def tpot_s(self) -> float | None:
+        return None if self.output_tokens < 2 else (self.e2e_s - self.ttft_s) / (self.output_tokens - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadConfig:
+    base_url: str
+    model: str
+    request_rate: float = float("inf")  # requests/s, Poisson arrivals; inf: all at once
+    max_concurrency: int | None = None
+    api_key: str | None = None
+    seed: int = 0
+    ignore_eos: bool = True
+
+
+async def run_load(cfg: LoadConfig, plan: list[PlannedRequest],
+                   on_done: Callable[[RequestTiming], None] = lambda _t: None) -> tuple[list[RequestTiming], float]:
+    """Sends every planned request; returns their timings (in plan order) and the wall time."""
+    headers = {"authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    gate = asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency else None
+    rng = random.Random(cfg.seed)
+    async with httpx.AsyncClient(base_url=cfg.base_url, headers=headers, limits=limits,
+                                 timeout=httpx.Timeout(600, connect=30)) as client:
+        started = time.perf_counter()
+        tasks = []
+        for i, req in enumerate(plan):
+            if i and cfg.request_rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(cfg.request_rate))
+            tasks.append(asyncio.create_task(_gated(client, cfg, req, gate, on_done)))
+        timings = list(await asyncio.gather(*tasks))
+        return timings, time.perf_counter() - started
+
+
+async def _gated(client: httpx.AsyncClient, cfg: LoadConfig, req: PlannedRequest, gate: asyncio.Semaphore | None,
+                 on_done: Callable[[RequestTiming], None]) -> RequestTiming:
+    if gate is None:
+        timing = await _one(client, cfg, req)
+    else:
+        async with gate:
+            timing = await _one(client, cfg, req)
+    on_done(timing)
+    return timing
+
+
+async def _one(client: httpx.AsyncClient, cfg: LoadConfig, req: PlannedRequest) -> RequestTiming:
+    body = {"model": cfg.model, "prompt": req.prompt, "max_tokens": req.max_tokens, "stream": True,
+            "temperature": 0, "ignore_eos": cfg.ignore_eos, "stream_options": {"include_usage": True}}
+    timing = RequestTiming(prompt_tokens=req.prompt_tokens)
+    sent = time.perf_counter()
+    last = sent
+    chunks = 0
+    abort_called: float | None = None
+    clock = _AbortClock()
+    abort_task: asyncio.Task[None] | None = None
+    try:
+        async with client.stream("POST", "/v1/completions", json=body) as response:
+            if response.status_code != 200:
+                timing.error = f"{response.status_code}: {(await response.aread())[:200]!r}"
+                return timing
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                now = time.perf_counter()
+                if data == "[DONE]":
+                    break
+                event = json.loads(data)
+                usage = event.get("usage")
+                if usage:
+                    timing.output_tokens = int(usage.get("completion_tokens", timing.output_tokens))
+                choices = event.get("choices") or []
+                if not (choices and choices[0].get("text")):
+                    continue
+                chunks += 1
+                if chunks == 1:
+                    timing.ttft_s = now - sent
+                    if req.abort is AbortWay.API:
+                        abort_task = asyncio.create_task(_abort_later(client, event["id"], req.abort_after_s, clock))
+                else:
+                    timing.itl_s.append(now - last)
+                last = now
+                if req.abort is AbortWay.DISCONNECT and now - sent - timing.ttft_s >= req.abort_after_s:
+                    abort_called = time.perf_counter()
+                    timing.aborted_by = AbortWay.DISCONNECT
+                    timing.output_tokens = timing.output_tokens or chunks
+                    await response.aclose()
+                    timing.abort_latency_s = await _wait_logged_abort(client, event["id"], abort_called)
+                    break
+            abort_called = abort_called if abort_called is not None else clock.called
+    except httpx.HTTPError as exc:
+        timing.error = f"{type(exc).__name__}: {exc}"
+        return timing
+    finally:
+        if abort_task is not None and not abort_task.done():
+            abort_task.cancel()
+    end = time.perf_counter()
+    timing.e2e_s = end - sent
+    timing.output_tokens = timing.output_tokens or chunks
+    if req.abort is AbortWay.API and abort_called is not None:
+        timing.aborted_by = AbortWay.API
+        timing.abort_latency_s = end - abort_called
+    timing.ok = True
+    return timing
+
+
+@dataclass(slots=True)
+class _AbortClock:
+    called: float | None = None
+
+
+async def _abort_later(client: httpx.AsyncClient, rid: str, delay_s: float, clock: _AbortClock) -> None:
+    await asyncio.sleep(delay_s)
+    clock.called = time.perf_counter()
+    await client.post("/abort_request", json={"rid": rid})
+
+
+async def _wait_logged_abort(client: httpx.AsyncClient, rid: str, called: float, timeout_s: float = 30) -> float | None:
+    """A disconnect has no answer to wait for: the abort is done once the log shows it (tokenledger's
+    GET /requests/{rid}); a server without that route gives no latency."""
+    while time.perf_counter() - called < timeout_s:
+        r = await client.get(f"/requests/{rid}")
+        if r.status_code == 404 and "error" not in r.text:
+            return None  # not a tokenledger server
+        if r.status_code == 200 and (r.json().get("finish_reason") or {}).get("type") == "abort":
+            return time.perf_counter() - called
+        await asyncio.sleep(ABORT_POLL_S)
+    return None
