@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ops import bench_engine, bench_grammar, bench_serve, bench_throughput, bench_wal
+from ops import bench_checkpoint, bench_engine, bench_grammar, bench_offline, bench_serve, bench_throughput, bench_wal
 from ops.server_args import add_server_args, server_args_from
 from server.errors import TokenLedgerError
 
@@ -22,6 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_engine.add_parser(bench_sub)
     bench_grammar.add_parser(bench_sub)
     bench_serve.add_parser(bench_sub)
+    bench_offline.add_parser(bench_sub)
+    bench_checkpoint.add_parser(bench_sub)
     bench_throughput.add_parser(bench_sub)
     bench_wal.add_parser(bench_sub)
     # verify, replay, audit, export, salvage

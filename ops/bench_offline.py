@@ -1,0 +1,126 @@
+"""`tokenledger bench offline`: one random-length greedy workload through the offline `Engine`,
+through HF transformers static batching (left-padded batches, each run to its longest output)
+and, with `--peer-python`, through vLLM's offline `LLM` in that interpreter — same run, same
+prompts, same output lengths. Prints output tok/s for each and the ratios; the last line is JSON."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+PEER_SCRIPT = Path(__file__).with_name("peer_vllm_offline.py")
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    prompts: list[list[int]]
+    output_lens: list[int]
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("offline", help="offline tok/s: Engine vs HF static batching (and vLLM with --peer-python)")
+    p.add_argument("--model-path", default=None, help="model directory (default: the demo model)")
+    p.add_argument("--num-prompts", type=int, default=48)
+    p.add_argument("--input-range", type=int, nargs=2, default=(16, 256), metavar=("MIN", "MAX"))
+    p.add_argument("--output-range", type=int, nargs=2, default=(16, 128), metavar=("MIN", "MAX"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hf-batch-size", type=int, default=16)
+    p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--peer-python", default=None, help="a python with vllm installed: also run vLLM's offline LLM")
+    p.add_argument("--log-durability", default="fsync")
+    p.set_defaults(run=run)
+
+
+def make_workload(num: int, input_range: tuple[int, int], output_range: tuple[int, int], vocab: int,
+                  special: set[int], seed: int) -> Workload:
+    rng = random.Random(seed)
+    usable = [t for t in range(vocab) if t not in special]
+    prompts = [[rng.choice(usable) for _ in range(rng.randint(*input_range))] for _ in range(num)]
+    return Workload(prompts, [rng.randint(*output_range) for _ in range(num)])
+
+
+def run_engine(model_dir: Path, work: Workload, durability: str) -> float:
+    from server import Engine
+
+    params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in work.output_lens]
+    with tempfile.TemporaryDirectory(prefix="tokenledger-bench-") as log_dir:
+        engine = Engine(model_path=str(model_dir), max_total_tokens=65536, max_running_requests=64,
+                        log_dir=log_dir, log_durability=durability)
+        try:
+            engine.generate(input_ids=work.prompts[:4], sampling_params=params[:4])  # warm-up
+            started = time.perf_counter()
+            outs = engine.generate(input_ids=work.prompts, sampling_params=params)
+            elapsed = time.perf_counter() - started
+        finally:
+            engine.shutdown()
+    assert sum(len(o["output_ids"]) for o in outs) == work.output_tokens  # type: ignore[index,union-attr]
+    return work.output_tokens / elapsed
+
+
+def run_hf(model_dir: Path, work: Workload, batch_size: int) -> float:
+    """HF `generate`, greedy, static batches in arrival order: the batch runs to its longest
+    requested output; only the requested tokens count."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+
+    def batch(prompts: list[list[int]], max_new: int) -> None:
+        width = max(len(p) for p in prompts)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        with torch.inference_mode():
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
+                           do_sample=False, pad_token_id=pad)
+
+    batch(work.prompts[:2], 4)  # warm-up
+    started = time.perf_counter()
+    for i in range(0, len(work.prompts), batch_size):
+        batch(work.prompts[i:i + batch_size], max(work.output_lens[i:i + batch_size]))
+    return work.output_tokens / (time.perf_counter() - started)
+
+
+def run_peer(python: str, model_dir: Path, work: Workload) -> float:
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
+    with tempfile.TemporaryDirectory(prefix="tokenledger-peer-") as tmp:
+        workload, result = Path(tmp) / "workload.json", Path(tmp) / "result.json"
+        workload.write_text(json.dumps(asdict(work)))
+        done = subprocess.run([python, str(PEER_SCRIPT), "--model", str(model_dir), "--workload", str(workload),
+                               "--result", str(result)], capture_output=True, text=True, env=env, timeout=3600)
+        if done.returncode != 0 or not result.exists():
+            raise RuntimeError(f"the vLLM run failed:\n{done.stderr[-3000:]}")
+        return float(json.loads(result.read_text())["output_tok_s"])
+
+
+def run(args: argparse.Namespace) -> int:
+    from transformers import AutoTokenizer
+
+    from server.models.demo import model_dir_for
+
+    model_dir = model_dir_for(args.model_path)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    work = make_workload(args.num_prompts, tuple(args.input_range), tuple(args.output_range), tokenizer.vocab_size,
+                         set(tokenizer.all_special_ids), args.seed)
+    figures = {"tokenledger": run_engine(model_dir, work, args.log_durability)}
+    if not args.skip_hf:
+        figures["hf_static"] = run_hf(model_dir, work, args.hf_batch_size)
+    if args.peer_python:
+        figures["vllm"] = run_peer(args.peer_python, model_dir, work)
+    print(f"workload: {args.num_prompts} prompts, input {args.input_range[0]}-{args.input_range[1]}, output "
+          f"{args.output_range[0]}-{args.output_range[1]} ({work.output_tokens} output tokens), greedy, ignore_eos")
+    print(f"{'engine':14} {'output tok/s':>12} {'tokenledger / it':>17}")
+    for name, rate in figures.items():
+        print(f"{name:14} {rate:12.1f} {figures['tokenledger'] / rate:17.2f}")
+    print(json.dumps({"output_tok_s": figures, "output_tokens": work.output_tokens}))
+    return 0
