@@ -4,6 +4,7 @@ Not thread-safe: one scheduler thread calls it; the writer thread only sees enco
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
@@ -11,10 +12,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from commitlog.codec import Encoder, Entry, Kind
-from commitlog.errors import RequestRefusedError, TxnStateError, UnknownRequestError
+from commitlog.errors import RequestRefusedError, TxnStateError, UnknownRequestError, WriterFailedError
 from commitlog.head import ChainHead
 from commitlog.reader import LogReader
-from commitlog.recovery import RecoveryReport, recover
+from commitlog.recovery import RecoveryReport, preflight, recover
 from commitlog.rids import rid_problem
 from commitlog.state import (
     DoomSource,
@@ -51,6 +52,7 @@ class Ledger:
         `tokenizer_dir` is recorded so that post-mortem tools can decode text without being told.
         """
         cfg = config or WalConfig()
+        preflight(log_dir)
         wal = Wal.open(log_dir, cfg)
         try:
             encoder, entries, report = recover(wal)
@@ -59,7 +61,13 @@ class Ledger:
             raise
         writer = WalWriter(wal, cfg, durable_lsn=encoder.next_lsn - 1, durable_hash=encoder.prev_hash)
         ledger = cls(wal, writer, encoder, report)
-        ledger._start(entries, model_fingerprint, tokenizer_dir)
+        try:
+            ledger._start(entries, model_fingerprint, tokenizer_dir)
+        except BaseException:  # the first write failed (WriterFailedError): hold neither the lock nor a thread
+            with contextlib.suppress(WriterFailedError):
+                writer.close()
+            wal.close()
+            raise
         return ledger
 
     def _start(self, recovery_entries: list[Entry], fingerprint: str, tokenizer_dir: str) -> None:

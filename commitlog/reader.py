@@ -42,8 +42,10 @@ class VerifyReport:
 
 
 @dataclass(slots=True)
-class _ChainCursor:
-    """Walks records in LSN order checking contiguity from `cut` and the hash chain."""
+class ChainWalker:
+    """Walks records in LSN order checking contiguity from `cut` and the hash chain; `LogReader.verify`
+    and the post-mortem readers (`ops.logcli.source`) use it, so they refuse what `verify` rejects.
+    Plain data: it crosses a pipe from the child that read the checkpoint."""
 
     cut: int
     prev_hash: bytes
@@ -76,6 +78,38 @@ class _ChainCursor:
         if record.lsn == self.cut - 1 and record.chain_hash != self.prev_hash:
             raise CorruptRecordError("the checkpoint's anchor is not this record's stored hash", record.lsn)
         self.below = (record.lsn, record.chain_hash)
+
+    def finish(self) -> None:
+        """After the last record: every record the checkpoint lists as kept must have been met."""
+        if self.kept:
+            raise CorruptRecordError("record listed in the checkpoint is missing", min(self.kept))
+
+
+def _live_lsn(rid: str, value: bytes) -> int:
+    if len(value) != 8:
+        raise CorruptRecordError(f"the live table's entry for {rid!r} is {len(value)} bytes, not an 8-byte LSN "
+                                 "(live table damaged)")
+    return key_lsn(value)
+
+
+def _table_rid(key: bytes, table: str) -> str:
+    try:
+        return key.decode()
+    except UnicodeDecodeError:
+        raise CorruptRecordError(f"the {table} table's key {key.hex()} is not a UTF-8 request id (damaged)") from None
+
+
+def _check_checkpoint_payload(record: Record) -> None:
+    """What every chain walk takes from the checkpoint; a CRC-valid but malformed one is refused here,
+    once, instead of failing each walker with a KeyError."""
+    p = record.payload
+    kept = p.get("kept")
+    ok = (isinstance(p.get("start"), int) and p["start"] >= 1 and isinstance(p.get("anchor"), bytes)
+          and len(p["anchor"]) == len(GENESIS_HASH) and isinstance(kept, list)
+          and all(isinstance(k, list) and len(k) == 2 and isinstance(k[0], int) and isinstance(k[1], bytes)
+                  for k in kept))
+    if not ok:
+        raise CorruptRecordError("the checkpoint's payload is malformed (start, anchor, kept)", record.lsn)
 
 
 def _short(lsns: list[int]) -> str:
@@ -154,10 +188,14 @@ class LogReader:
                 found = cur.prev()
             return key_lsn(cur.key()) if found else 0
 
-    def stray_keys(self) -> list[bytes]:
-        """Every records-table key that is not an 8-byte LSN, in key order (a keys-only pass)."""
+    def record_keys(self) -> list[bytes]:
+        """Every records-table key, in key order (a keys-only pass)."""
         with self._begin() as txn, txn.cursor(self.wal.records) as cur:
-            return [bytes(key) for key in cur.iternext(keys=True, values=False) if len(key) != 8]
+            return [bytes(key) for key in cur.iternext(keys=True, values=False)]
+
+    def stray_keys(self) -> list[bytes]:
+        """Every records-table key that is not an 8-byte LSN, in key order."""
+        return [key for key in self.record_keys() if len(key) != 8]
 
     def num_keys(self) -> int:
         """Entries in the records table, from LMDB's own count (no scan)."""
@@ -180,13 +218,14 @@ class LogReader:
         while len(records) < len(indexed):
             records.extend(self._proven_incarnation(rid, indexed, len(records)))
         if begin is not None:
-            running = self._incarnation(rid, key_lsn(begin))
-            if not running or running[0].kind is not Kind.BEGIN or running[0].lsn != key_lsn(begin):
-                raise CorruptRecordError(f"the live table names LSN {key_lsn(begin)} as the BEGIN of {rid!r}, but "
-                                         "no BEGIN of it is there (live table rewritten or damaged)", key_lsn(begin))
+            begin_lsn = _live_lsn(rid, begin)
+            running = self._incarnation(rid, begin_lsn)
+            if not running or running[0].kind is not Kind.BEGIN or running[0].lsn != begin_lsn:
+                raise CorruptRecordError(f"the live table names LSN {begin_lsn} as the BEGIN of {rid!r}, but "
+                                         "no BEGIN of it is there (live table rewritten or damaged)", begin_lsn)
             if records and running[0].lsn <= records[-1].lsn:
                 raise CorruptRecordError(f"the live table names a BEGIN of {rid!r} inside an indexed incarnation",
-                                         key_lsn(begin))
+                                         begin_lsn)
             records.extend(running)
         return records
 
@@ -241,7 +280,7 @@ class LogReader:
         """The records of a rid's running incarnation (from its BEGIN in `live`); [] when none runs."""
         with self._begin() as txn:
             begin = txn.get(rid.encode(), db=self.wal.live)
-        return [] if begin is None else self._incarnation(rid, key_lsn(begin))
+        return [] if begin is None else self._incarnation(rid, _live_lsn(rid, begin))
 
     def request_lsns(self, rid: str) -> list[int]:
         return [r.lsn for r in self.request_records(rid)]
@@ -250,12 +289,19 @@ class LogReader:
         """Every request in the log, finished (index) or running (live table)."""
         with self._begin() as txn:
             keys = {k for k, _ in txn.cursor(self.wal.index)} | {k for k, _ in txn.cursor(self.wal.live)}
-        return sorted(k.decode() for k in keys)
+        return sorted(_table_rid(bytes(k), "index or live") for k in keys)
+
+    def live_begin(self, rid: str) -> int | None:
+        """The BEGIN LSN the live table gives for a rid (unproven), or None."""
+        with self._begin() as txn:
+            value = txn.get(rid.encode(), db=self.wal.live)
+        return None if value is None else _live_lsn(rid, value)
 
     def live_request_ids(self) -> list[str]:
         """Requests with a BEGIN and no FINISH, in BEGIN order."""
         with self._begin() as txn, txn.cursor(self.wal.live) as cur:
-            return [rid.decode() for rid, _ in sorted(cur, key=lambda kv: kv[1])]
+            entries = sorted(cur, key=lambda kv: kv[1])
+        return [_table_rid(bytes(key), "live") for key, _ in entries]
 
     def rebuild(self, rid: str) -> RequestState:
         state = replay(self.request_records(rid))
@@ -274,39 +320,43 @@ class LogReader:
         record = decode_value(key, value)
         if record.kind is not Kind.CHECKPOINT:
             raise CorruptRecordError(f"meta names a {record.kind.name} record as the checkpoint", record.lsn)
+        _check_checkpoint_payload(record)
         return record
 
-    def _chain_start(self) -> _ChainCursor:
+    def chain_walker(self) -> ChainWalker:
+        """A walker for the whole log from its first record, seeded from the checkpoint if any."""
         cp = self.checkpoint()
         if cp is None:
-            return _ChainCursor(1, GENESIS_HASH, {}, 1)
-        kept = {int(lsn): prev for lsn, prev in cp.payload["kept"]}
-        return _ChainCursor(cp.payload["start"], cp.payload["anchor"], kept, cp.payload["start"])
+            return ChainWalker(1, GENESIS_HASH, {}, 1)
+        kept = {int(lsn): bytes(prev) for lsn, prev in cp.payload["kept"]}
+        return ChainWalker(cp.payload["start"], bytes(cp.payload["anchor"]), kept, cp.payload["start"])
 
     def verify(self) -> VerifyReport:
         """Check every record's CRC, LSN contiguity and the whole hash chain."""
-        walker = self._chain_start()
+        walker = self.chain_walker()
         first, count = 0, 0
         for record in self.records():
             walker.check(record)
             first, count = first or record.lsn, count + 1
-        if walker.kept:
-            raise CorruptRecordError("record listed in the checkpoint is missing", min(walker.kept))
+        walker.finish()
         cp = self.checkpoint()
         return VerifyReport(count, first, walker.expected - 1, cp.lsn if cp else None, walker.prev_hash)
 
-    def verify_tail(self, num_records: int = 256) -> tuple[int, bytes]:
-        """Check the last records (CRC, contiguity, chain among them); return (last LSN, its hash)."""
+    def verify_tail(self, num_records: int = 256) -> tuple[int, bytes, list[Record]]:
+        """Check the last records (CRC, contiguity, chain among them); return (last LSN, its hash, the
+        records read: those below the checkpoint's start too, unchained here)."""
         last = self.last_lsn()
         if last == 0:
-            return 0, GENESIS_HASH
-        tail = [r for r in self.records(max(1, last - num_records + 1)) if r.lsn >= self._cut()]
+            return 0, GENESIS_HASH, []
+        read = list(self.records(max(1, last - num_records + 1)))
+        cut = self._cut()
+        tail = [r for r in read if r.lsn >= cut]
         for prev, record in zip(tail, tail[1:]):
             if record.lsn != prev.lsn + 1:
                 raise CorruptRecordError(f"LSN gap after {prev.lsn}", record.lsn)
             if chain(prev.chain_hash, record.body) != record.chain_hash:
                 raise CorruptRecordError("hash chain broken", record.lsn)
-        return last, tail[-1].chain_hash if tail else GENESIS_HASH
+        return last, tail[-1].chain_hash if tail else GENESIS_HASH, read
 
     def _cut(self) -> int:
         cp = self.checkpoint()

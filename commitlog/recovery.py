@@ -1,13 +1,19 @@
 """Recovery on open for writing: check the tail, then close out requests a crash left open (I7)."""
 from __future__ import annotations
 
+import multiprocessing
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
-from commitlog.codec import Encoder, Entry, Kind, Record, stray_key_message
+import lmdb
+
+from commitlog.codec import Encoder, Entry, Kind, Record, key_lsn, stray_key_message
 from commitlog.errors import CorruptRecordError
+from commitlog.isolate import run_isolated
 from commitlog.reader import LogReader
 from commitlog.state import FinishReason, finish_entry, replay
-from commitlog.wal import Wal
+from commitlog.wal import DATA_FILE, Wal
 
 TAIL_CHECK_RECORDS = 256
 
@@ -25,31 +31,90 @@ def recover(wal: Wal) -> tuple[Encoder, list[Entry], RecoveryReport]:
 
     A corrupt tail refuses the open: the error names the LSN and the salvage command.
     """
-    cleared = wal.env.reader_check()
-    reader = LogReader(wal)
     try:
-        _refuse_stray_keys(reader)
-        last_lsn, last_hash = reader.verify_tail(TAIL_CHECK_RECORDS)
-        entries, lsns, report = _close_interrupted(reader, last_lsn, cleared)
+        cleared = wal.env.reader_check()
+        return _plan(LogReader(wal), cleared)
     except CorruptRecordError as exc:
         raise CorruptRecordError(exc.detail, exc.lsn, str(wal.log_dir)) from None
+    except lmdb.Error as exc:  # MDB_CORRUPTED and the like: a damaged page, not a bug
+        raise CorruptRecordError(f"the LMDB file is damaged ({exc})", None, str(wal.log_dir)) from None
+
+
+def preflight(log_dir: str | os.PathLike[str]) -> None:
+    """Recovery's reads, first in a forked child (`commitlog.isolate`): a damaged page that would kill the
+    process (SIGBUS, SIGSEGV) refuses the open with the salvage command instead of killing the server.
+
+    Only a crash is reported from here; any other outcome is met again, as the precise typed error, by
+    the same reads in this process, which then cannot crash (the bytes are the same). A daemonic process
+    may not have children (multiprocessing): there, the reads run in this process alone."""
+    if multiprocessing.current_process().daemon:
+        return
+    (outcome,) = run_isolated([(_recovery_reads, (str(log_dir),))])
+    if outcome.status == "crashed":
+        raise CorruptRecordError(outcome.message, None, str(log_dir))
+
+
+def _recovery_reads(log_dir: str) -> None:
+    if not (Path(log_dir) / DATA_FILE).exists():
+        return  # a new log: nothing to read
+    reader = LogReader.open(log_dir)
+    try:
+        _plan(reader, 0)
+    finally:
+        reader.close()
+
+
+def _plan(reader: LogReader, cleared: int) -> tuple[Encoder, list[Entry], RecoveryReport]:
+    _refuse_stray_keys(reader)
+    last_lsn, last_hash, tail = reader.verify_tail(TAIL_CHECK_RECORDS)
+    _refuse_unlisted_running(reader, tail)
+    entries, lsns, report = _close_interrupted(reader, last_lsn, cleared)
     return Encoder(last_lsn + 1, last_hash, lsns), entries, report
 
 
 def _refuse_stray_keys(reader: LogReader) -> None:
-    """A key that is not an 8-byte LSN would be taken for a far-away LSN (issue 10 C.13): refuse it.
+    """A key that is not an 8-byte LSN would be taken for a far-away LSN (issue 10 C.13), and a
+    missing LSN is a removed record: refuse both.
 
     LMDB's entry count is free; only when it disagrees with what the LSNs and the checkpoint
-    account for is every key read (keys only), to name the stray ones."""
+    account for is every key read (keys only), to name the stray or missing ones."""
     last = reader.last_lsn()
     cp = reader.checkpoint()
-    expected = last if cp is None else len(cp.payload["kept"]) + last - int(cp.payload["start"]) + 1
+    cut = 1 if cp is None else int(cp.payload["start"])
+    kept = set() if cp is None else {int(lsn) for lsn, _prev in cp.payload["kept"]}
+    expected = len(kept) + max(0, last - cut + 1)
     if reader.num_keys() == expected:
         return
-    stray = reader.stray_keys()
+    keys = reader.record_keys()
+    stray = [key for key in keys if len(key) != 8]
     if stray:
         more = f" (and {len(stray) - 1} more such key(s))" if len(stray) > 1 else ""
         raise CorruptRecordError(stray_key_message(stray[0]) + more)
+    present = {key_lsn(key) for key in keys}
+    unlisted = sorted(lsn for lsn in present if lsn < cut and lsn not in kept)
+    if unlisted:
+        raise CorruptRecordError("record precedes the checkpoint's start and is not listed in it (inserted)",
+                                 unlisted[0])
+    missing = next((lsn for lsn in [*sorted(kept), *range(cut, last + 1)] if lsn not in present), None)
+    if missing is not None:
+        raise CorruptRecordError(f"missing from the records table (removed): {len(present)} records, the LSNs "
+                                 f"and the checkpoint account for {expected}", missing)
+
+
+def _refuse_unlisted_running(reader: LogReader, tail: list[Record]) -> None:
+    """A request begun in the checked tail and not finished there must be in `live` at its BEGIN, or the
+    restart would never finish it as interrupted (I7) and `verify` would report it for good. A BEGIN
+    before the tail is not looked for: that would cost a scan of the whole log."""
+    running: dict[str, int] = {}
+    for record in tail:
+        if record.rid is not None and record.kind is Kind.BEGIN:
+            running[record.rid] = record.lsn
+        elif record.rid is not None and record.kind is Kind.FINISH:
+            running.pop(record.rid, None)
+    for rid, begin in sorted(running.items(), key=lambda item: item[1]):
+        if reader.live_begin(rid) != begin:
+            raise CorruptRecordError(f"{rid!r} began here and has no FINISH, but the live table does not name "
+                                     "this BEGIN (live table rewritten or damaged)", begin)
 
 
 def _running(reader: LogReader, rid: str) -> list[Record]:

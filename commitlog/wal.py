@@ -86,14 +86,30 @@ class Wal:
             raise CorruptRecordError(f"{path / DATA_FILE} is not a valid LMDB file ({exc})") from None
         except lmdb.Error as exc:
             raise CommitLogError(f"cannot open log at {path}: {exc}") from None
-        _check_not_truncated(env, path)
         try:
+            _check_not_truncated(env, path)
             wal = cls(path, env, readonly, cfg.max_map_size)
         except lmdb.NotFoundError:
             env.close()
+            _release(lock_fd)
             raise CommitLogError(f"{path} is an LMDB environment but not a tokenledger log") from None
+        except (CommitLogError, lmdb.Error) as exc:
+            env.close()
+            _release(lock_fd)
+            if isinstance(exc, CommitLogError):
+                raise
+            raise CorruptRecordError(f"{path / DATA_FILE} is damaged: its tables cannot be opened ({exc}); no record "
+                                     "can be read from it: restore the log directory from a backup") from None
         wal._lock_fd = lock_fd
-        wal._check_format()
+        try:
+            wal._check_format()
+        except lmdb.Error as exc:
+            wal.close()  # and the writer lock with it: a refused open holds nothing
+            raise CorruptRecordError(f"{path / DATA_FILE} is damaged: its meta table cannot be read ({exc}); no "
+                                     "record can be read from it: restore the log directory from a backup") from None
+        except BaseException:
+            wal.close()
+            raise
         return wal
 
     def _check_format(self) -> None:
@@ -101,9 +117,10 @@ class Wal:
             stored = txn.get(META_FORMAT)
             if stored is None and not self.readonly:
                 txn.put(META_FORMAT, str(FORMAT_VERSION).encode())
-            elif stored is not None and int(stored) != FORMAT_VERSION:
-                raise FormatVersionError(
-                    f"log at {self.log_dir} has format {int(stored)}; this build reads {FORMAT_VERSION}")
+            elif stored is not None and _format_number(stored) != FORMAT_VERSION:
+                number = _format_number(stored)
+                shown = str(number) if number is not None else f"{stored!r} (damaged: not a number)"
+                raise FormatVersionError(f"log at {self.log_dir} has format {shown}; this build reads {FORMAT_VERSION}")
 
     def write_group(self, group: EncodedGroup) -> None:
         """One LMDB write txn for the whole group; grows the map and retries on MapFullError."""
@@ -176,6 +193,15 @@ class Wal:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
+
+
+def _release(lock_fd: int | None) -> None:
+    if lock_fd is not None:
+        os.close(lock_fd)
+
+
+def _format_number(stored: bytes) -> int | None:
+    return int(stored) if stored.isdigit() else None
 
 
 def _take_writer_lock(path: Path) -> int:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -125,7 +126,8 @@ def load_decoder(path: str | None, reader: IsolatedLog) -> TextDecoder | None:
     """`--tokenizer`, else the tokenizer directory the server recorded, if it is still there."""
     if path is None:
         recorded = reader.get_meta(META_TOKENIZER_DIR)
-        path = recorded.decode() if recorded and Path(recorded.decode()).is_dir() else None
+        # os.fsdecode: a path is bytes to the OS; damaged (non-UTF-8) bytes name no directory, never an error.
+        path = os.fsdecode(recorded) if recorded and Path(os.fsdecode(recorded)).is_dir() else None
     return None if path is None else TextDecoder(path)
 
 

@@ -13,6 +13,7 @@ import lmdb
 from commitlog import CommitLogError, CorruptRecordError, LogReader, Record
 from commitlog.codec import decode_value, lsn_key
 from commitlog.isolate import Outcome, run_isolated
+from ops.logcli.readcheck import ReadCheck
 
 CHUNK = 16384  # records per child: a fork and a pipe per chunk
 
@@ -37,6 +38,7 @@ _READS = {
     "chunk": _chunk,
     "request_records": LogReader.request_records,
     "last_lsn": LogReader.last_lsn,
+    "chain_walker": LogReader.chain_walker,
     "meta": lambda reader, key: reader.wal.get_meta(key),
 }
 
@@ -63,13 +65,21 @@ class IsolatedLog:
         return CommitLogError(outcome.message)
 
     def records(self, start: int = 1, end: int | None = None) -> Iterator[Record]:
+        """From LSN 1, each record is proven (chain, contiguity) before it is handed out, and a walk to
+        the end checks the index and live tables too (`ops.logcli.readcheck`): what `verify` rejects,
+        the readers refuse."""
+        check = ReadCheck(self._run("chain_walker")) if start <= 1 else None
         resume: bytes | None = lsn_key(start) if start > 1 else b""
         while resume is not None:
             pairs, resume = self._run("chunk", resume, end)
             for key, value in pairs:
                 record = decode_value(key, value)
+                if check is not None:
+                    check.feed(record)
                 yield record
                 self._after = record.lsn
+        if check is not None:
+            check.finish(self.log_dir, end is None, self._error)
 
     def request_records(self, rid: str) -> list[Record]:
         records: list[Record] = self._run("request_records", rid)

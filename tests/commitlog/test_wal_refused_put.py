@@ -4,11 +4,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from commitlog_helpers import FAST
 
 from commitlog.codec import EncodedGroup, lsn_key
 from commitlog.errors import DuplicateLsnError
 from commitlog.wal import Wal
-from commitlog_helpers import FAST
 
 
 def test_write_group_raises_when_next_lsn_already_exists_and_commits_nothing(tmp_path: Path) -> None:
