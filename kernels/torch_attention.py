@@ -1,48 +1,54 @@
-"""Paged attention in plain torch: the CPU backend and the reference for GPU kernels.
+"""Paged attention in plain torch: the portable backend and the reference every kernel is tested against.
 
-K/V live in a slot pool; each request's slots are listed in its row of the
-request-to-token table. Extend attends causally over prefix + new tokens per request;
-decode gathers every request's slots into one padded batch.
+Extend attends causally over prefix + new tokens, one SDPA per request; decode gathers every
+request's slots into one padded batch (a copy of each request's K/V per layer: simple and
+exact, which is what a reference is for; `kernels.cpu_attention` avoids the copy).
 """
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from server.memory import TokenToKVPool
+from kernels.backend import BatchLayout, KVBuffer
 
 
-@dataclass(slots=True)
-class PagedAttentionMetadata:
-    """Where this forward's tokens go and which cached tokens each request sees."""
+class TorchAttentionBackend:
+    name = "torch"
 
-    is_decode: bool
-    out_cache_loc: torch.Tensor  # [T] slot for each new token
-    kv_indices: list[torch.Tensor]  # per request: slots of every token it attends to (prefix + new)
-    extend_lens: list[int]  # per request: new tokens in this forward (1 for decode)
+    def __init__(self, kv: KVBuffer, scale: float) -> None:
+        self.kv = kv
+        self.scale = scale
+
+    def plan(self, layout: BatchLayout) -> TorchAttentionContext:
+        return TorchAttentionContext(self.kv, layout, self.scale)
 
 
 class TorchAttentionContext:
-    def __init__(self, pool: TokenToKVPool, meta: PagedAttentionMetadata, scale: float) -> None:
-        self.pool = pool
-        self.meta = meta
+    def __init__(self, kv: KVBuffer, layout: BatchLayout, scale: float) -> None:
+        self.kv = kv
+        self.layout = layout
         self.scale = scale
-        layout = _padded_decode_layout(meta) if meta.is_decode else None
-        self._decode_index: torch.Tensor | None = layout[0] if layout else None
-        self._decode_mask: torch.Tensor | None = layout[1] if layout else None
+        kv_ptr, qo_ptr = layout.kv_indptr.tolist(), layout.qo_indptr.tolist()
+        self._slots = [layout.kv_indices[a:b] for a, b in zip(kv_ptr, kv_ptr[1:])]
+        self._new = [b - a for a, b in zip(qo_ptr, qo_ptr[1:])]
+        self._decode_index: torch.Tensor | None = None
+        self._decode_mask: torch.Tensor | None = None
+        if layout.is_decode and self._slots:
+            lens = layout.kv_indptr.diff()
+            self._decode_index = torch.nn.utils.rnn.pad_sequence(self._slots, batch_first=True, padding_value=0)
+            mask = torch.arange(self._decode_index.shape[1])[None, :] < lens[:, None]
+            self._decode_mask = mask[:, None, None, :]
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        self.pool.store(layer_id, self.meta.out_cache_loc, k, v)
-        k_buf, v_buf = self.pool.k_buffers[layer_id], self.pool.v_buffers[layer_id]
+        self.kv.store(layer_id, self.layout.out_cache_loc, k, v)
+        k_buf, v_buf = self.kv.k_buffers[layer_id], self.kv.v_buffers[layer_id]
         if self._decode_index is not None:
             return self._decode(q, k_buf, v_buf)
         return self._extend(q, k_buf, v_buf)
 
     def _extend(self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor) -> torch.Tensor:
         outputs, start = [], 0
-        for slots, n_new in zip(self.meta.kv_indices, self.meta.extend_lens):
+        for slots, n_new in zip(self._slots, self._new):
             q_i = q[start : start + n_new].transpose(0, 1)  # [Hq, n_new, D]
             k_i, v_i = k_buf[slots].transpose(0, 1), v_buf[slots].transpose(0, 1)  # [Hkv, S, D]
             prefix = slots.numel() - n_new
@@ -61,10 +67,3 @@ class TorchAttentionContext:
             q[:, :, None, :], k, v, attn_mask=self._decode_mask, scale=self.scale, enable_gqa=True
         )
         return o[:, :, 0, :]
-
-
-def _padded_decode_layout(meta: PagedAttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-    lens = torch.tensor([s.numel() for s in meta.kv_indices])
-    index = torch.nn.utils.rnn.pad_sequence(meta.kv_indices, batch_first=True, padding_value=0)
-    mask = torch.arange(index.shape[1])[None, :] < lens[:, None]
-    return index, mask[:, None, None, :]

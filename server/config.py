@@ -8,6 +8,7 @@ from server.errors import ConfigError
 
 DURABILITY_MODES = ("fsync", "periodic", "none")
 REASONING_PARSERS = ("deepseek-r1", "qwen3")
+ATTENTION_BACKENDS = ("auto", "torch", "cpu")  # kernels.registry.BACKEND_NAMES, without importing torch here
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +23,7 @@ class ServerArgs:
     chunked_prefill_size: int = 512  # <= 0 disables chunking
     max_prefill_tokens: int = 16384
     disable_overlap_schedule: bool = False
+    attention_backend: str = "auto"  # auto | torch | cpu (kernels.registry)
     log_dir: str | None = None
     log_durability: str = "fsync"
     random_seed: int = 0
@@ -75,5 +77,7 @@ class ServerArgs:
             raise ConfigError("--shutdown-grace-s must be >= 0")
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ConfigError(f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ConfigError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}")
         if self.log_format not in ("console", "json"):
             raise ConfigError("--log-format must be console or json")

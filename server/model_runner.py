@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.torch_attention import PagedAttentionMetadata, TorchAttentionContext
-from server.forward_batch import BatchResult, ForwardBatch, ForwardMode
+from kernels.backend import BatchLayout
+from kernels.registry import BackendUnavailableError, create_backend
+from server.errors import ConfigError
+from server.forward_batch import BatchResult, ForwardBatch
 from server.memory import TokenToKVPool
 from server.models.causal_lm import CausalLM
 from server.sampling.sampler import sample
@@ -32,10 +34,14 @@ class ForwardHandle:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, kv_pool: TokenToKVPool, future_slots: int) -> None:
+    def __init__(self, model: CausalLM, kv_pool: TokenToKVPool, future_slots: int, attention_backend: str = "auto") -> None:
         self.model = model
         self.kv_pool = kv_pool
         self.scale = model.config.head_dim**-0.5
+        try:
+            self.attention = create_backend(attention_backend, kv_pool, self.scale)
+        except BackendUnavailableError as exc:
+            raise ConfigError(str(exc)) from None
         self.future_tokens = torch.zeros(future_slots, dtype=torch.int64)
         self._launches = 0
 
@@ -52,11 +58,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _forward(self, batch: ForwardBatch, input_ids: torch.Tensor) -> BatchResult:
-        meta = PagedAttentionMetadata(
-            is_decode=batch.mode is ForwardMode.DECODE, out_cache_loc=batch.out_cache_loc,
-            kv_indices=batch.kv_indices, extend_lens=batch.extend_lens,
-        )
-        hidden = self.model(input_ids, batch.positions, TorchAttentionContext(self.kv_pool, meta, self.scale))
+        layout = BatchLayout.of_requests(batch.out_cache_loc, batch.kv_indices, batch.extend_lens)
+        hidden = self.model(input_ids, batch.positions, self.attention.plan(layout))
         ends = torch.tensor(batch.extend_lens).cumsum(0)
         sampling = [i for i, s in enumerate(batch.samples) if s]
         sample_rows = (ends[sampling] - 1) if sampling else torch.zeros(0, dtype=torch.int64)

@@ -1,0 +1,59 @@
+"""The attention-backend interface every kernel implements, CPU and GPU alike.
+
+A forward's batch is described once, FlashInfer's ragged way (`BatchLayout`): request r owns
+query rows `qo_indptr[r]:qo_indptr[r+1]` and attends to the KV slots
+`kv_indices[kv_indptr[r]:kv_indptr[r+1]]`, its new tokens being the last ones (so extend,
+decode and a mix of both are one layout). A backend `plan`s a layout once per forward and the
+returned context `attend`s once per layer. The KV pool is seen through `KVBuffer`, a protocol
+this package owns, so `kernels/` never imports the server.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+class KVBuffer(Protocol):
+    """Per-layer K and V pools of shape [slots, kv_heads, head_dim], written by slot."""
+
+    k_buffers: list[torch.Tensor]
+    v_buffers: list[torch.Tensor]
+
+    def store(self, layer_id: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLayout:
+    out_cache_loc: torch.Tensor  # [T] int64: the slot each new token's K/V is written to
+    qo_indptr: torch.Tensor  # [B + 1] int64
+    kv_indptr: torch.Tensor  # [B + 1] int64
+    kv_indices: torch.Tensor  # [sum of kv lens] int64
+    is_decode: bool  # every request has exactly one new token
+
+    @classmethod
+    def of_requests(cls, out_cache_loc: torch.Tensor, kv_slots: list[torch.Tensor], extend_lens: list[int]) -> BatchLayout:
+        """From each request's slots (prefix + new) and its number of new tokens."""
+        qo = torch.tensor([0, *extend_lens], dtype=torch.int64).cumsum(0)
+        kv = torch.tensor([0, *(s.numel() for s in kv_slots)], dtype=torch.int64).cumsum(0)
+        indices = torch.cat(kv_slots) if kv_slots else torch.zeros(0, dtype=torch.int64)
+        return cls(out_cache_loc, qo, kv, indices.to(torch.int64), all(n == 1 for n in extend_lens))
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.qo_indptr.numel()) - 1
+
+
+class AttentionContext(Protocol):
+    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Store this forward's k/v ([T, Hkv, D]) at their slots, then attend q ([T, Hq, D]) → [T, Hq, D]."""
+        ...
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def plan(self, layout: BatchLayout) -> AttentionContext:
+        """Everything per-forward (index tensors, work lists) is prepared here, once for all layers."""
+        ...

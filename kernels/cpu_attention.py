@@ -1,0 +1,80 @@
+"""Paged attention for CPUs in a small C kernel (`csrc/paged_attention.c`): reads each request's
+K/V straight from the pool by slot, with no padded per-layer copy. fp32 only; the registry falls
+back to the torch backend for other dtypes or where no compiler is found."""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from kernels.backend import BatchLayout, KVBuffer
+from kernels.native import load
+
+_P = ctypes.c_void_p
+_I32 = ctypes.c_int32
+
+
+@functools.cache
+def _kernel() -> ctypes._CFuncPtr:
+    fn = load("paged_attention.c").tl_paged_attention_f32
+    fn.argtypes = [_P, _P, _P, _P, _P, _P, _I32, _I32, _I32, _I32, ctypes.c_float, _P, _I32]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def kernel_available() -> bool:
+    """Builds (or loads the cached) kernel; False where that cannot be done here."""
+    from kernels.native import NativeBuildError
+
+    try:
+        _kernel()
+    except (NativeBuildError, OSError):
+        return False
+    return True
+
+
+def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, layout: BatchLayout,
+                    scale: float, num_threads: int) -> torch.Tensor:
+    """q [T, Hq, D] → [T, Hq, D] over the pools [S, Hkv, D] (all fp32)."""
+    q = q.contiguous()
+    out = torch.empty_like(q)
+    tokens, hq, d = q.shape
+    if tokens == 0:
+        return out
+    failed = _kernel()(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), layout.qo_indptr.data_ptr(),
+                       layout.kv_indptr.data_ptr(), layout.kv_indices.data_ptr(), layout.num_requests, hq,
+                       k_pool.shape[1], d, scale, out.data_ptr(), num_threads)
+    if failed:
+        raise MemoryError("paged attention kernel: out of memory for its scratch buffers")
+    return out
+
+
+class CpuAttentionBackend:
+    name = "cpu"
+
+    def __init__(self, kv: KVBuffer, scale: float) -> None:
+        self.kv = kv
+        self.scale = scale
+
+    def plan(self, layout: BatchLayout) -> CpuAttentionContext:
+        return CpuAttentionContext(self.kv, _contiguous(layout), self.scale, torch.get_num_threads())
+
+
+def _contiguous(layout: BatchLayout) -> BatchLayout:
+    """The kernel reads raw int64 pointers: every index tensor must be contiguous int64."""
+    fix = [t.to(torch.int64).contiguous() for t in (layout.qo_indptr, layout.kv_indptr, layout.kv_indices)]
+    return BatchLayout(layout.out_cache_loc, fix[0], fix[1], fix[2], layout.is_decode)
+
+
+class CpuAttentionContext:
+    def __init__(self, kv: KVBuffer, layout: BatchLayout, scale: float, num_threads: int) -> None:
+        self.kv = kv
+        self.layout = layout
+        self.scale = scale
+        self.num_threads = num_threads
+
+    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        self.kv.store(layer_id, self.layout.out_cache_loc, k, v)
+        return paged_attention(q, self.kv.k_buffers[layer_id], self.kv.v_buffers[layer_id], self.layout,
+                               self.scale, self.num_threads)

@@ -1,0 +1,77 @@
+"""Builds a C kernel from `kernels/csrc` with the system compiler once, caches the shared library
+and loads it with ctypes.
+
+No torch headers and no extension machinery: the kernels take raw pointers, so a build is one
+`cc` call of well under a second. The library is cached under a name that hashes the source, the
+flags, the compiler and the CPU (it is built with -march=native), and is written atomically, so
+processes that start together neither rebuild it twice nor load a half-written file.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import platformdirs
+
+SOURCE_DIR = Path(__file__).with_name("csrc")
+FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fPIC", "-shared", "-pthread", "-std=c11")
+BUILD_TIMEOUT_S = 120
+
+
+class NativeBuildError(RuntimeError):
+    """No compiler, or it refused the source: the caller falls back to a portable backend."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TOKENLEDGER_KERNEL_CACHE") or platformdirs.user_cache_dir("tokenledger")) / "kernels"
+
+
+def load(source_name: str) -> ctypes.CDLL:
+    """The shared library built from `csrc/<source_name>`, building it on first use."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise NativeBuildError("no C compiler (cc or gcc) on PATH")
+    source = (SOURCE_DIR / source_name).read_bytes()
+    library = cache_dir() / f"{Path(source_name).stem}-{_build_key(source, compiler)}.so"
+    if not library.exists():
+        _build(compiler, SOURCE_DIR / source_name, library)
+    return ctypes.CDLL(str(library))
+
+
+def _build_key(source: bytes, compiler: str) -> str:
+    digest = hashlib.sha256(source)
+    digest.update(" ".join((compiler, *FLAGS, platform.machine(), _cpu_flags())).encode())
+    return digest.hexdigest()[:16]
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _build(compiler: str, source: Path, library: Path) -> None:
+    library.parent.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(prefix=library.name, suffix=".part", dir=library.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler, *FLAGS, str(source), "-o", partial, "-lm"], capture_output=True, text=True,
+                              timeout=BUILD_TIMEOUT_S, check=False)
+        if done.returncode != 0:
+            raise NativeBuildError(f"{compiler} could not build {source.name}: {done.stderr.strip()[-2000:]}")
+        os.replace(partial, library)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise NativeBuildError(f"{compiler} could not build {source.name}: {exc}") from None
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)

@@ -1,0 +1,37 @@
+"""Attention backends by name, and `auto`'s choice.
+
+`torch` runs anywhere (and is every kernel's reference); `cpu` is the C kernel for fp32 on CPU.
+`auto` takes the fastest one that can serve this dtype and device here.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels.backend import AttentionBackend, KVBuffer
+
+BACKEND_NAMES = ("auto", "torch", "cpu")
+
+
+class BackendUnavailableError(RuntimeError):
+    """A backend named explicitly cannot run here; the message says why."""
+
+
+def create_backend(name: str, kv: KVBuffer, scale: float) -> AttentionBackend:
+    from kernels.cpu_attention import CpuAttentionBackend, kernel_available
+    from kernels.torch_attention import TorchAttentionBackend
+
+    if name not in BACKEND_NAMES:
+        raise BackendUnavailableError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
+    pool = kv.k_buffers[0]
+    cpu_fits = pool.device.type == "cpu" and pool.dtype == torch.float32
+    if name == "torch" or (name == "auto" and not cpu_fits):
+        return TorchAttentionBackend(kv, scale)
+    if not cpu_fits:
+        raise BackendUnavailableError(f"the cpu attention backend serves float32 on CPU, not {pool.dtype} on "
+                                      f"{pool.device.type}; use --attention-backend torch")
+    if not kernel_available():
+        if name == "cpu":
+            raise BackendUnavailableError("the cpu attention kernel could not be built here (no C compiler?); "
+                                          "use --attention-backend torch")
+        return TorchAttentionBackend(kv, scale)
+    return CpuAttentionBackend(kv, scale)
