@@ -40,6 +40,18 @@ class BatchLayout:
         indices = torch.cat(kv_slots) if kv_slots else torch.zeros(0, dtype=torch.int64)
         return cls(out_cache_loc, qo, kv, indices.to(torch.int64), all(n == 1 for n in extend_lens))
 
+    @classmethod
+    def of_table(cls, out_cache_loc: torch.Tensor, table: torch.Tensor, rows: torch.Tensor, kv_lens: torch.Tensor,
+                 extend_lens: torch.Tensor) -> BatchLayout:
+        """From a request-to-slot table: request i attends to `table[rows[i], :kv_lens[i]]`. One masked
+        gather for the whole batch instead of a slice and a concatenation per request."""
+        widest = int(kv_lens.max()) if kv_lens.numel() else 0
+        block = table[rows, :widest]
+        indices = block[torch.arange(widest)[None, :] < kv_lens[:, None]]
+        zero = torch.zeros(1, dtype=torch.int64)
+        return cls(out_cache_loc, torch.cat((zero, extend_lens.cumsum(0))), torch.cat((zero, kv_lens.cumsum(0))),
+                   indices, bool((extend_lens == 1).all()))
+
     @property
     def num_requests(self) -> int:
         return int(self.qo_indptr.numel()) - 1

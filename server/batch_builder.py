@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels.backend import BatchLayout
 from server.forward_batch import ForwardBatch, ForwardMode
 from server.memory import ReqToTokenPool, TokenToKVPool
 from server.request import Req
@@ -18,21 +19,24 @@ class BatchBuilder:
 
     def extend(self, chosen: list[tuple[Req, int]]) -> ForwardBatch:
         ids: list[int] = []
-        positions, slots, kv_indices, targets, samples, prefixes = [], [], [], [], [], []
+        positions, slots, targets, samples, prefixes = [], [], [], [], []
         for req, n in chosen:
             start = req.scheduled_prefill_len
             ids.extend(req.prompt_ids[start : start + n])
             positions.append(torch.arange(start, start + n))
             slots.append(self._alloc(req, n))
-            kv_indices.append(self.req_pool.table[req.pool_row, : start + n])
             targets.append(_input_logprob_targets(req, start, n))
             samples.append(start + n == req.prompt_len)
             prefixes.append(start)
         reqs = [r for r, _ in chosen]
+        extend_lens = [n for _, n in chosen]
+        new = torch.tensor(extend_lens, dtype=torch.int64)
+        layout = BatchLayout.of_table(torch.cat(slots), self.req_pool.table, self._rows(reqs),
+                                      torch.tensor(prefixes, dtype=torch.int64) + new, new)
         return ForwardBatch(
-            mode=ForwardMode.EXTEND, reqs=reqs, extend_lens=[n for _, n in chosen], prefix_lens=prefixes,
-            input_ids=torch.tensor(ids), positions=torch.cat(positions), out_cache_loc=torch.cat(slots),
-            kv_indices=kv_indices, samples=samples, input_logprob_targets=targets,
+            mode=ForwardMode.EXTEND, reqs=reqs, extend_lens=extend_lens, prefix_lens=prefixes,
+            input_ids=torch.tensor(ids), positions=torch.cat(positions), layout=layout,
+            samples=samples, input_logprob_targets=targets,
             future_slots=[self._publish(r) for r, s in zip(reqs, samples) if s],
         )
 
@@ -40,14 +44,26 @@ class BatchBuilder:
         # A request whose previous token is still in flight reads it from the future map.
         inputs = [-(r.future_slot + 1) if r.inflight_tokens else r.output_ids[-1] for r in reqs]
         positions = [r.prompt_len + r.scheduled_tokens - 1 for r in reqs]
-        slots = torch.cat([self._alloc(r, 1) for r in reqs])
+        # One slot per request, written into every row of the table at once (the token at
+        # position p takes entry p: a decoding request's allocation is its KV length).
+        slots = self.kv_pool.alloc(len(reqs))
+        assert slots is not None, "KV reservation broken in decode"  # admission reserved max_new_tokens
+        rows = self._rows(reqs)
+        pos = torch.tensor(positions, dtype=torch.int64)
+        assert all(r.kv_allocated_len == p for r, p in zip(reqs, positions)), "KV length out of step with position"
+        self.req_pool.table[rows, pos] = slots
+        for r in reqs:
+            r.kv_allocated_len += 1
+        layout = BatchLayout.of_table(slots, self.req_pool.table, rows, pos + 1, torch.ones(len(reqs), dtype=torch.int64))
         return ForwardBatch(
             mode=ForwardMode.DECODE, reqs=list(reqs), extend_lens=[1] * len(reqs), prefix_lens=positions,
-            input_ids=torch.tensor(inputs), positions=torch.tensor(positions), out_cache_loc=slots,
-            kv_indices=[self.req_pool.table[r.pool_row, : p + 1] for r, p in zip(reqs, positions)],
+            input_ids=torch.tensor(inputs), positions=pos, layout=layout,
             samples=[True] * len(reqs), input_logprob_targets=[[] for _ in reqs],
             future_slots=[self._publish(r) for r in reqs],
         )
+
+    def _rows(self, reqs: list[Req]) -> torch.Tensor:
+        return torch.tensor([r.pool_row for r in reqs], dtype=torch.int64)
 
     def _alloc(self, req: Req, n: int) -> torch.Tensor:
         slots = self.kv_pool.alloc(n)

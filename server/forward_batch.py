@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels.backend import BatchLayout
 from server.request import Req
 
 
@@ -28,8 +29,7 @@ class ForwardBatch:
     prefix_lens: list[int]  # tokens already in the KV cache per request before this forward
     input_ids: torch.Tensor
     positions: torch.Tensor
-    out_cache_loc: torch.Tensor
-    kv_indices: list[torch.Tensor]  # per request: every slot it attends to
+    layout: BatchLayout  # where new K/V go and every slot each request attends to (prefix + new)
     samples: list[bool]  # per request: does this forward produce its next token?
     # per request: prompt positions whose input logprob this forward scores (targets).
     input_logprob_targets: list[list[int]]

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.backend import BatchLayout
 from kernels.registry import BackendUnavailableError, create_backend
 from server.errors import ConfigError
 from server.forward_batch import BatchResult, ForwardBatch
@@ -58,8 +57,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _forward(self, batch: ForwardBatch, input_ids: torch.Tensor) -> BatchResult:
-        layout = BatchLayout.of_requests(batch.out_cache_loc, batch.kv_indices, batch.extend_lens)
-        hidden = self.model(input_ids, batch.positions, self.attention.plan(layout))
+        hidden = self.model(input_ids, batch.positions, self.attention.plan(batch.layout))
         ends = torch.tensor(batch.extend_lens).cumsum(0)
         sampling = [i for i, s in enumerate(batch.samples) if s]
         sample_rows = (ends[sampling] - 1) if sampling else torch.zeros(0, dtype=torch.int64)
