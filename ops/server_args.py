@@ -16,6 +16,7 @@ HELP = {
     "disable_overlap_schedule": "process each step's result before launching the next",
     "log_dir": "directory of the write-ahead log (LMDB)",
     "log_durability": f"WAL durability: {', '.join(DURABILITY_MODES)}",
+    "num_threads": "compute threads of the forward (default: every core, less one for the HTTP front under serve)",
     "attention_backend": "attention kernel: auto (the fastest that runs here), torch (portable reference), "
                          "cpu (C kernel, fp32 on CPU)",
     "max_prompts_per_request": "prompts one HTTP request may hold (a batch, or an OpenAI prompt list times n); "

@@ -1,6 +1,7 @@
 """Server arguments: one frozen dataclass whose field names are the CLI flags' names."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -23,6 +24,10 @@ class ServerArgs:
     chunked_prefill_size: int = 512  # <= 0 disables chunking
     max_prefill_tokens: int = 16384
     disable_overlap_schedule: bool = False
+    # Compute threads of the forward (torch and the attention kernel). None: every core the process may
+    # use, less one when serving over HTTP, where the front process needs a core of its own (on a
+    # 2-core machine a scheduler spinning on both cores starves the front and stalls every step).
+    num_threads: int | None = None
     attention_backend: str = "auto"  # auto | torch | cpu (kernels.registry)
     log_dir: str | None = None
     log_durability: str = "fsync"
@@ -53,6 +58,13 @@ class ServerArgs:
         args.validate()
         return args
 
+    def compute_threads(self, beside_front: bool) -> int:
+        """`num_threads`, or what the machine gives when it is not set (see the field)."""
+        if self.num_threads is not None:
+            return self.num_threads
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, cores - 1) if beside_front else cores
+
     def with_changes(self, **kwargs: Any) -> ServerArgs:
         return replace(self, **kwargs)
 
@@ -77,6 +89,8 @@ class ServerArgs:
             raise ConfigError("--shutdown-grace-s must be >= 0")
         if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
             raise ConfigError(f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ConfigError("--num-threads must be >= 1")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}")
         if self.log_format not in ("console", "json"):

@@ -47,7 +47,9 @@ def model_fingerprint(model_dir: Path) -> str:
     return f"{model_dir.name}:{digest.hexdigest()[:16]}"
 
 
-def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink) -> Runtime:
+def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink, beside_front: bool = False) -> Runtime:
+    """`beside_front`: the scheduler process of `serve`, sharing the machine with the HTTP front."""
+    torch.set_num_threads(args.compute_threads(beside_front))
     model_dir = model_dir_for(args.model_path)
     model = load_model(model_dir, parse_dtype(args.dtype))
     cfg = model.config

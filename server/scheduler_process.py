@@ -83,7 +83,7 @@ class SchedulerProcess:
         self.inbound = self.ctx.socket(zmq.PULL)
         self.inbound.connect(inbound)
         self.sender = Sender(self.ctx, outbound)
-        self.runtime: Runtime = build_runtime(args, log_dir, self._on_durable)
+        self.runtime: Runtime = build_runtime(args, log_dir, self._on_durable, beside_front=True)
         self.sched = self.runtime.scheduler
         self.shutdown_deadline: float | None = None
         self.failure: BaseException | None = None
