@@ -39,9 +39,24 @@ def sample(
 
 
 def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """Each row's distribution after temperature and its own filters. Rows without top-k, top-p or
+    min-p skip the sort (the common case, and the costly part with a large vocabulary); whether a
+    row is sorted depends on its own parameters only, so a seeded request draws the same token
+    whatever it is batched with."""
     temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype)[:, None]
     logits = logits / temps
     vocab = logits.shape[1]
+    filtered = [i for i, p in enumerate(params) if 0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0]
+    if len(filtered) < len(params):
+        probs = logits.softmax(dim=-1)
+        if filtered:
+            rows = torch.tensor(filtered)
+            probs[rows] = _sorted_filter(logits[rows], [params[i] for i in filtered], vocab)
+        return probs
+    return _sorted_filter(logits, params, vocab)
+
+
+def _sorted_filter(logits: torch.Tensor, params: list[SamplingParams], vocab: int) -> torch.Tensor:
     top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params]).clamp(max=vocab)
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     ranks = torch.arange(vocab)[None, :]

@@ -52,3 +52,15 @@ def test_sampling_draws_follow_the_distribution():
     freq = torch.bincount(out.token_ids, minlength=4).float() / n
     assert torch.allclose(freq, probs, atol=0.03)
     assert torch.allclose(out.logprobs, torch.log(probs)[out.token_ids], atol=1e-6)
+
+
+def test_an_unfiltered_rows_distribution_is_bitwise_the_same_beside_a_filtered_row():
+    """Rows without top-k/top-p/min-p skip the sort; a row's path depends on its own parameters, so a
+    seeded request's distribution (and draw) does not change with its batch company."""
+    logits = torch.randn(3, 257, generator=torch.Generator().manual_seed(3))
+    plain = SamplingParams(temperature=0.8)
+    alone = _filtered_probs(logits[:1], [plain])
+    beside = _filtered_probs(logits, [plain, SamplingParams(top_p=0.9), SamplingParams(top_k=5)])
+    assert torch.equal(alone[0], beside[0])
+    assert torch.equal(beside[1], _filtered_probs(logits[1:2], [SamplingParams(top_p=0.9)])[0])
+    assert int((beside[2] > 0).sum()) == 5 and torch.allclose(alone.sum(), torch.tensor(1.0))
