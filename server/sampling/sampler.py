@@ -31,7 +31,9 @@ def sample(
     if random_rows:
         rows = torch.tensor(random_rows)
         probs = _filtered_probs(logits[rows], [params[i] for i in random_rows])
-        noise = torch.stack([torch.empty(logits.shape[1]).exponential_(generator=generators[i]) for i in random_rows])
+        noise = torch.empty(len(random_rows), logits.shape[1])
+        for row, i in enumerate(random_rows):  # each request's own generator fills its own row, in place
+            noise[row].exponential_(generator=generators[i])
         token_ids[rows] = (probs / noise).argmax(dim=-1)
     chosen = logprobs_all.gather(1, token_ids[:, None])[:, 0]
     top_vals, top_ids = logprobs_all.topk(top_k_max, dim=-1) if top_k_max else (logprobs_all[:, :0], token_ids[:, None][:, :0])
