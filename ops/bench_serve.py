@@ -36,6 +36,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="share of requests aborted at a random time (half /abort_request, half disconnect)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--api-key", default=None)
+    p.add_argument("--server-default-temperature", action="store_true",
+                   help="send no temperature (the server's default sampling, as vllm bench serve does); default: greedy")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(run=run)
@@ -143,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir_for(args.tokenizer)))
     model = args.model or httpx.get(f"{args.base_url}/v1/models", timeout=30).json()["data"][0]["id"]
     plan = plan_requests(args, tokenizer)
-    cfg = LoadConfig(args.base_url, model, args.request_rate, args.max_concurrency, args.api_key, args.seed)
+    cfg = LoadConfig(args.base_url, model, args.request_rate, args.max_concurrency, args.api_key, args.seed,
+                     temperature=None if args.server_default_temperature else 0.0)
     timings, duration = _run_with_progress(cfg, plan, show=not (args.no_progress or args.json))
     summary = summarize(timings, duration, kv_in_use(args.base_url, args.api_key))
     if args.json:

@@ -59,6 +59,7 @@ class LoadConfig:
     api_key: str | None = None
     seed: int = 0
     ignore_eos: bool = True
+    temperature: float | None = 0.0  # None: not sent (the server's default, as `vllm bench serve` does)
 
 
 async def run_load(cfg: LoadConfig, plan: list[PlannedRequest],
@@ -93,7 +94,9 @@ async def _gated(client: httpx.AsyncClient, cfg: LoadConfig, req: PlannedRequest
 
 async def _one(client: httpx.AsyncClient, cfg: LoadConfig, req: PlannedRequest) -> RequestTiming:
     body = {"model": cfg.model, "prompt": req.prompt, "max_tokens": req.max_tokens, "stream": True,
-            "temperature": 0, "ignore_eos": cfg.ignore_eos, "stream_options": {"include_usage": True}}
+            "ignore_eos": cfg.ignore_eos, "stream_options": {"include_usage": True}}
+    if cfg.temperature is not None:
+        body["temperature"] = cfg.temperature
     timing = RequestTiming(prompt_tokens=req.prompt_tokens)
     sent = time.perf_counter()
     last = sent

@@ -3,6 +3,8 @@
 # the same client (`vllm bench serve`, random IN/OUT, N prompts, unlimited rate) loads each.
 # Never part of `make test`. Usage: ops/peer_bench.sh [MODEL_DIR]   (default: the tiny preset)
 # Env: PEER_VENV (default .peer-venv), IN=256 OUT=128 N=64 RATE=inf CONCURRENCY= (empty: unlimited)
+#      SWEEP="1 4 16 64": also load each server at these concurrencies (max(8, c) prompts each) and
+#      plot output tok/s and p99 TPOT against concurrency (ops/peer_plot.py, needs matplotlib).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PEER_VENV=${PEER_VENV:-.peer-venv}
@@ -23,26 +25,39 @@ wait_healthy() {
   for _ in $(seq 600); do curl -sf "localhost:$PORT/health" >/dev/null && return 0; sleep 1; done
   echo "server did not come up" >&2; return 1
 }
-run_client() {  # $1: label
-  local extra=()
-  [ -n "$CONCURRENCY" ] && extra+=(--max-concurrency "$CONCURRENCY")
+SWEEP=${SWEEP:-}
+run_client() {  # $1: label [$2: concurrency, $3: prompts]
+  local extra=() conc=${2:-$CONCURRENCY} n=${3:-$N}
+  [ -n "$conc" ] && extra+=(--max-concurrency "$conc")
   "$PEER_VENV/bin/python" ops/peer_vllm_bench_serve.py --backend openai --base-url "http://127.0.0.1:$PORT" \
     --endpoint /v1/completions --model "$MODEL" --tokenizer "$MODEL" --dataset-name random \
-    --random-input-len "$IN" --random-output-len "$OUT" --num-prompts "$N" --request-rate "$RATE" --ignore-eos \
+    --random-input-len "$IN" --random-output-len "$OUT" --num-prompts "$n" --request-rate "$RATE" --ignore-eos \
     --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99 --save-result \
     --result-dir "$OUT_DIR" --result-filename "$1.json" "${extra[@]}" > "$OUT_DIR/$1.client.log" 2>&1
+}
+our_client() {  # $1: label: the same load through `tokenledger bench serve`, to show the two clients agree
+  .venv/bin/tokenledger bench serve --base-url "http://127.0.0.1:$PORT" --model "$MODEL" --tokenizer "$MODEL" \
+    --num-prompts "$N" --input-len "$IN" --output-len "$OUT" --range-ratio 0 --server-default-temperature --json \
+    --no-progress > "$OUT_DIR/$1.bench_serve.json" 2> "$OUT_DIR/$1.bench_serve.log"
+}
+sweep() {  # $1: server label
+  for c in $SWEEP; do run_client "$1-c$c" "$c" $(( c > 8 ? c : 8 )); done
 }
 stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 .venv/bin/tokenledger serve --model-path "$MODEL" --served-model-name "$MODEL" --port $PORT \
   --log-dir "$OUT_DIR/log" --max-running-requests 64 > "$OUT_DIR/tokenledger.server.log" 2>&1 &
 TL=$!; trap 'stop $TL' EXIT
-wait_healthy; run_client tokenledger; stop $TL
+wait_healthy; run_client tokenledger; our_client tokenledger; sweep tokenledger; stop $TL
 
 VLLM_CPU_KVCACHE_SPACE=2 "$PEER_VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
   --dtype float32 --port $PORT > "$OUT_DIR/vllm.server.log" 2>&1 &
 VL=$!; trap 'stop $VL' EXIT
-wait_healthy; run_client vllm; stop $VL
+wait_healthy; run_client vllm; our_client vllm; sweep vllm; stop $VL
 
 .venv/bin/python -m ops.peer_table "$OUT_DIR/tokenledger.json" "$OUT_DIR/vllm.json"
+.venv/bin/python -m ops.peer_table --agreement "$OUT_DIR"
+if [ -n "$SWEEP" ]; then
+  .venv/bin/python -m ops.peer_plot "$OUT_DIR" $SWEEP
+fi
 echo "results and logs: $OUT_DIR"

@@ -31,5 +31,35 @@ def main(ours_path: str, peer_path: str) -> None:
         print(f"| {label} | {a:,.1f} | {b:,.1f} | {a / b:.2f}× |")
 
 
+# (label, vllm bench serve's key, tokenledger bench serve's (section, key))
+AGREEMENT = (
+    ("output tok/s", "output_throughput", (None, "output_tok_s")),
+    ("mean TTFT ms", "mean_ttft_ms", ("ttft_ms", "mean")),
+    ("mean TPOT ms", "mean_tpot_ms", ("tpot_ms", "mean")),
+    ("mean ITL ms", "mean_itl_ms", ("itl_ms", "mean")),
+    ("p99 E2E ms", "p99_e2el_ms", ("e2e_ms", "p99")),
+)
+
+
+def agreement(out_dir: str) -> None:
+    """Each server loaded the same way by both clients, one after the other: how far apart they read."""
+    print("| server | metric | vllm bench serve | tokenledger bench serve | ours / theirs |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    for server in ("tokenledger", "vllm"):
+        with open(f"{out_dir}/{server}.json") as f:
+            theirs = json.load(f)
+        with open(f"{out_dir}/{server}.bench_serve.json") as f:
+            ours = json.load(f)
+        for label, key, (section, our_key) in AGREEMENT:
+            a = ours[our_key] if section is None else ours[section].get(our_key)
+            b = theirs.get(key)
+            if a is None or b is None:
+                continue
+            print(f"| {server} | {label} | {b:,.1f} | {a:,.1f} | {a / b:.2f} |")
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if sys.argv[1] == "--agreement":
+        agreement(sys.argv[2])
+    else:
+        main(sys.argv[1], sys.argv[2])
