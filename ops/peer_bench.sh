@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 PEER_VENV=${PEER_VENV:-.peer-venv}
 IN=${IN:-256} OUT=${OUT:-128} N=${N:-64} RATE=${RATE:-inf} CONCURRENCY=${CONCURRENCY:-}
 OUT_DIR=${OUT_DIR:-$(mktemp -d -t peer-bench-XXXX)}
+mkdir -p "$OUT_DIR"
 make install >/dev/null
 if [ ! -x "$PEER_VENV/bin/python" ]; then
   echo "building the vLLM CPU venv in $PEER_VENV (first use only)" >&2
