@@ -63,24 +63,30 @@ def run_server(args: ServerArgs) -> int:
     # The chat tokenizer (transformers) and the constraint checks (xgrammar, which imports
     # transformers too) are loaded off the event loop's path, one after the other in ONE
     # thread: two threads importing the same packages at once raced into ImportErrors.
-    threading.Thread(target=_preload_startup_imports, args=(tokenizer,), name="tokenledger-preload",
+    # Readiness waits for it: a server that answers /health while it still imports would stall the
+    # first requests behind those imports (seconds of CPU on the front's core).
+    preloaded = threading.Event()
+    threading.Thread(target=_preload_startup_imports, args=(tokenizer, preloaded), name="tokenledger-preload",
                      daemon=True).start()
     front = Front(args, client, tokenizer, args.served_model_name or model_dir.name)
     app = create_app(front)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", lifespan="on",
                             timeout_graceful_shutdown=5)
     server = FrontServer(config, front)
-    app.router.lifespan_context = _lifespan(server, front)
+    app.router.lifespan_context = _lifespan(server, front, preloaded)
     server.run()
     return server.exit_code
 
 
-def _preload_startup_imports(tokenizer: Tokenizer) -> None:
-    tokenizer.hf_tokenizer()
-    importlib.import_module("xgrammar")
+def _preload_startup_imports(tokenizer: Tokenizer, done: threading.Event) -> None:
+    try:
+        tokenizer.hf_tokenizer()
+        importlib.import_module("xgrammar")
+    finally:  # a failed preload is met again, as a typed error, by the first request that needs it
+        done.set()
 
 
-def _lifespan(server: FrontServer, front: Front):  # -> lifespan context factory
+def _lifespan(server: FrontServer, front: Front, preloaded: threading.Event):  # -> lifespan context factory
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         try:
@@ -91,6 +97,7 @@ def _lifespan(server: FrontServer, front: Front):  # -> lifespan context factory
             server.should_exit = True
             yield
             return
+        await asyncio.to_thread(preloaded.wait)
         front.on_ready()
         log.info("server_ready", model=ready.model_dir, log_dir=ready.log_dir, instance=ready.instance_id,
                  host=front.args.host, port=front.args.port)
