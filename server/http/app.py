@@ -8,16 +8,19 @@ from typing import Any
 
 import structlog
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from commitlog import CommitLogError, CorruptRecordError, LogReader
 from commitlog.errors import SALVAGE_HINT
+from commitlog.rids import rid_problem
 from server.errors import EngineStoppedError, InvalidRequestError, TokenLedgerError
 from server.http.auth import BearerAuth, require_admin
 from server.http.bodies import json_object, typed
 from server.http.chain_head import chain_head_router
 from server.http.errors import HttpError, error_response
 from server.http.front import Front
+from server.http.json_wire import JSONResponse
 from server.http.native import native_router
 from server.http.openai_api import openai_router
 from server.outputs import AbortAnswer, AbortStatus
@@ -34,6 +37,15 @@ def create_app(front: Front) -> FastAPI:
     @app.exception_handler(TokenLedgerError)
     async def typed_error(_: Request, exc: TokenLedgerError) -> JSONResponse:
         return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def routing_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # The router's own refusals (no such route, wrong method) in the same error body as ours.
+        error_type = "not_found" if exc.status_code == 404 else "invalid_request_error"
+        response = error_response(HttpError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}",
+                                            error_type))
+        response.headers.update(exc.headers or {})  # 405's Allow
+        return response
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -72,6 +84,8 @@ def create_app(front: Front) -> FastAPI:
     @app.get("/requests/{rid:path}")
     async def request_view(rid: str, request: Request) -> JSONResponse:
         require_admin(request, admin_key)
+        if (problem := rid_problem(rid)) is not None:  # no such key can be in the log (nor looked up there)
+            raise InvalidRequestError(problem, "rid")
         # Off the event loop: a long request's records take a while to decode.
         view = await asyncio.to_thread(_read_audit, front, rid)
         if view is None:

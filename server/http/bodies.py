@@ -34,21 +34,24 @@ async def json_object(request: Request, allowed: frozenset[str]) -> dict[str, An
 def parse_json(raw: bytes) -> Any:
     """The body's JSON value; every way it can be bad is a 400, never a 500 with a traceback."""
     try:
-        value = json.loads(raw)
+        # Decoded strictly, not as json.loads(bytes) does (surrogatepass): a lone surrogate sent as raw
+        # bytes is not UTF-8, and would pass the escape check below to fail the tokenizer or the log.
+        text = raw.decode(json.detect_encoding(raw))
+        value = json.loads(text)
     except RecursionError:
         # The decoder recurses per level; a body nested beyond the interpreter's limit is a client's
         # mistake (or an attack), not a server error.
         raise InvalidRequestError("the body is nested too deeply") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidRequestError(f"the body is not valid JSON: {exc}") from None
-    if _MAYBE_SURROGATE.search(raw) is not None:
+    if _MAYBE_SURROGATE.search(text) is not None:
         _refuse_lone_surrogates(value)
     return value
 
 
-# JSON can only smuggle a lone surrogate in as an escape (raw UTF-8 cannot encode one), so a body
-# without such an escape needs no walk.
-_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89abcdefABCDEF]")
+# Strictly decoded text can only smuggle a lone surrogate in as an escape, so a body without such an
+# escape needs no walk. Searched in the text, not the bytes: a UTF-16 body spells the escape differently.
+_MAYBE_SURROGATE = re.compile(r"\\u[dD][89abcdefABCDEF]")
 
 
 def _refuse_lone_surrogates(value: Any) -> None:

@@ -113,10 +113,11 @@ class SchedulerClient:
             raise EngineStoppedError(self.failure or "the scheduler is not running")
         if spec.rid in self._streams:
             raise RequestRejected(f"rid {spec.rid!r} is already in use by a live request", 409)
+        message = encode(GenerateMsg.from_spec(spec))  # first: a message that cannot be sent leaves no live rid
         submission = Submission(spec.rid)
         self._streams[spec.rid] = submission
         # Not awaited: pyzmq queues sends in call order, so the order is fixed here, now.
-        sent = self._push.send(encode(GenerateMsg.from_spec(spec)))
+        sent = self._push.send(message)
         sent.add_done_callback(lambda future: self._on_sent(submission, future))
         return submission
 

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi.responses import JSONResponse
-
 from server.errors import TokenLedgerError
+from server.http.json_wire import JSONResponse
 
 
 class HttpError(TokenLedgerError):

@@ -1,17 +1,17 @@
 """`POST /generate`: SGLang's native body, JSON or an SSE stream of cumulative chunks."""
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from server.errors import InvalidRequestError
 from server.http.bodies import json_object, typed
 from server.http.client import Submission
 from server.http.front import AcceptedStream, Front, require_ready
+from server.http.json_wire import JSONResponse, dumps
 from server.request import RequestSpec
 from server.request_builder import GenerateCall
 from server.response import CommittedView, format_output
@@ -21,7 +21,7 @@ GENERATE_FIELDS = frozenset({"text", "input_ids", "sampling_params", "return_log
 
 
 def sse(payload: Any) -> bytes:
-    return f"data: {json.dumps(payload)}\n\n".encode()
+    return f"data: {dumps(payload)}\n\n".encode()
 
 
 SSE_DONE = b"data: [DONE]\n\n"

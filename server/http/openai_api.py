@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from server.errors import InvalidRequestError
 from server.grammar.spec import GrammarKind, GrammarSpec, check_syntax
@@ -24,6 +24,7 @@ from server.http.bodies import json_object, typed
 from server.http.client import Submission
 from server.http.front import AcceptedStream, Front, require_ready
 from server.http.incremental import IncrementalText
+from server.http.json_wire import JSONResponse
 from server.http.native import SSE_DONE, sse
 from server.http.openai_format import (
     chat_logprobs,
@@ -91,6 +92,7 @@ def _common(front: Front, body: dict[str, Any]) -> tuple[str, dict[str, Any], in
     n = typed(body, "n", int, 1)
     if not 1 <= n <= MAX_N:
         raise InvalidRequestError(f"n must be between 1 and {MAX_N}", "n")
+    typed(body, "seed", int)  # each choice's seed is derived from it before SamplingParams checks them
     params = {k: body[k] for k in ("temperature", "top_p", "top_k", "min_p", "stop", "seed", "ignore_eos")
               if body.get(k) is not None}
     return model, params, n
@@ -102,9 +104,12 @@ def _completion_call(front: Front, body: dict[str, Any]) -> Call:
         raise InvalidRequestError("echo and suffix are not supported", "echo" if body.get("echo") else "suffix")
     params["max_new_tokens"] = typed(body, "max_tokens", int, 16)
     prompt = body.get("prompt")
-    text, ids = (prompt, None) if isinstance(prompt, (str, type(None))) or _all_str(prompt) else (None, prompt)
     if prompt is None:
         raise InvalidRequestError("prompt is required", "prompt")
+    if not isinstance(prompt, (str, list)):
+        raise InvalidRequestError("prompt must be a string, a list of strings, a list of token ids or a list of "
+                                  "such lists", "prompt")
+    text, ids = (prompt, None) if isinstance(prompt, str) or _all_str(prompt) else (None, prompt)
     k = typed(body, "logprobs", int)
     if k is not None and not 0 <= k <= 20:
         raise InvalidRequestError("logprobs must be between 0 and 20", "logprobs")

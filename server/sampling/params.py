@@ -59,6 +59,9 @@ class SamplingParams:
         values["stop_token_ids"] = _as_tuple(values.get("stop_token_ids", ()), "stop_token_ids", int)
         if isinstance(values.get("json_schema"), (dict, bool)):  # a schema given as an object
             values["json_schema"] = json.dumps(values["json_schema"])
+        for name in ("temperature", "top_p", "min_p"):  # JSON's 2**70 is an int: a float from here on
+            if name in values:
+                values[name] = _as_float(name, values[name])
         params = cls(**values)
         params.validate()
         return params
@@ -118,6 +121,15 @@ def _check_int(name: str, value: object, lo: int, hi: int) -> None:
         raise InvalidRequestError(f"{name} must be between {lo} and {hi}, got {value}", name)
 
 
+def _as_float(name: str, value: object) -> float:
+    _check_float(name, value)
+    return float(value)  # type: ignore[arg-type]
+
+
 def _check_float(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    try:
+        finite = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    except OverflowError:  # an int beyond any float
+        finite = False
+    if not finite:
         raise InvalidRequestError(f"{name} must be a finite number", name)

@@ -59,6 +59,12 @@ BAD_BODIES = [
     ("/v1/completions", '{"model": "@", "prompt": "a", "stop": 5}', "stop"),
     ("/v1/completions", '{"model": "@", "prompt": "bad\\ud800"}', "prompt"),
     ("/v1/chat/completions", '{"model": "@", "messages": [{"role": "user", "content": "\\ud800"}]}', "messages"),
+    ("/v1/completions", '{"model": "@", "prompt": 5}', "prompt"),
+    ("/v1/completions", '{"model": "@", "prompt": {"text": "a"}}', "prompt"),
+    ("/v1/completions", '{"model": "@", "prompt": "a", "seed": "7"}', "seed"),
+    ("/v1/completions", '{"model": "@", "prompt": "a", "seed": 1.5}', "seed"),
+    # An integer beyond any float: math.isfinite raises OverflowError on it.
+    ("/generate", '{"text": "a", "sampling_params": {"temperature": 1' + "0" * 400 + '}}', "temperature"),
 ]
 
 
@@ -70,6 +76,16 @@ def test_type_confusions_and_lone_surrogates_are_400_naming_the_field_without_a_
     error = r.json()["error"]
     assert error["param"] == param and error["code"] == 400 and error["type"] == "invalid_request_error"
     assert worst < HEALTH_BOUND_S, f"/health took {worst:.2f}s while the bad body was refused"
+
+
+def test_an_integer_temperature_beyond_64_bits_is_served_as_a_float_and_its_rid_stays_free(server):
+    # JSON's 2**70 is an int; kept as one it cannot be packed into the scheduler's message.
+    body = json.dumps({"text": "a", "rid": "huge-temperature", "sampling_params": {
+        "temperature": 2**70, "max_new_tokens": 2, "ignore_eos": True}})
+    for _ in range(2):  # the second use of the rid shows the first left nothing live behind
+        r = post(server, "/generate", body)
+        assert r.status_code == 200, r.text[:300]
+        assert len(r.json()["output_ids"]) == 2
 
 
 @pytest.mark.parametrize("route", ["/generate", "/v1/completions", "/abort_request"])
