@@ -18,6 +18,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define TL_AVX2 1
+#endif
+
 typedef struct {
     const float *q, *k_pool, *v_pool;
     const int64_t *qo_indptr, *kv_indptr, *kv_indices;
@@ -32,6 +37,100 @@ typedef struct {
 
 #define ITEMS_PER_GRAB 4
 
+#ifdef TL_AVX2
+/* The eight lane-sums of a0..a7 as one vector: one horizontal add tree instead of eight. */
+static inline __m256 sum8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
+    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* exp on eight lanes for x <= 0 (scores minus their maximum): 2^n * p(r) with r = x - n ln2 in
+ * [-ln2/2, ln2/2] and a degree-6 polynomial, within 2 ulp of expf. Inputs below -87 are clamped
+ * there (exp(-87) ~ 1.6e-38, a weight that adds nothing), which keeps 2^n a normal float. */
+static inline __m256 exp8_nonpositive(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x); /* ln2 split in two for exactness */
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* Scores of the G query heads sharing kv head h against `visible` keys:
+ * scores[g * pitch + j] = scale * q_g . k_j. Blocks of eight keys, every head per block, so each
+ * key row is read from memory once whatever the GQA ratio. */
+static inline __attribute__((always_inline)) void score_keys(const float *q, int32_t g_count, const float *k_pool,
+                                                             const int64_t *slots, int64_t visible, int64_t stride,
+                                                             int64_t h, float scale, float *scores, int64_t pitch,
+                                                             const int32_t d) {
+    int64_t j = 0;
+#ifdef TL_AVX2
+    if (d % 8 == 0) {
+        const __m256 vscale = _mm256_set1_ps(scale);
+        for (; j + 8 <= visible; j += 8) {
+            const float *k[8];
+            for (int32_t jj = 0; jj < 8; jj++) k[jj] = k_pool + slots[j + jj] * stride + h * d;
+            for (int32_t g = 0; g < g_count; g++) {
+                const float *qg = q + (int64_t)g * d;
+                __m256 acc[8];
+                for (int32_t jj = 0; jj < 8; jj++) {
+                    __m256 a = _mm256_mul_ps(_mm256_loadu_ps(qg), _mm256_loadu_ps(k[jj]));
+                    for (int32_t i = 8; i < d; i += 8)
+                        a = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(k[jj] + i), a);
+                    acc[jj] = a;
+                }
+                _mm256_storeu_ps(scores + g * pitch + j,
+                                 _mm256_mul_ps(sum8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]), vscale));
+            }
+        }
+    }
+#endif
+    for (; j < visible; j++) {
+        const float *k = k_pool + slots[j] * stride + h * d;
+        for (int32_t g = 0; g < g_count; g++) {
+            const float *qg = q + (int64_t)g * d;
+            float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int32_t i = 0; i < d; i++) dot += qg[i] * k[i];
+            scores[g * pitch + j] = dot * scale;
+        }
+    }
+}
+
+/* s[j] = exp(s[j] - max s) in place; returns the sum. */
+static inline float exp_shifted(float *s, int64_t n) {
+    float max = -INFINITY, sum = 0.0f;
+    for (int64_t j = 0; j < n; j++) max = s[j] > max ? s[j] : max;
+    int64_t j = 0;
+#ifdef TL_AVX2
+    const __m256 vmax = _mm256_set1_ps(max);
+    __m256 vsum = _mm256_setzero_ps();
+    for (; j + 8 <= n; j += 8) {
+        const __m256 e = exp8_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmax));
+        _mm256_storeu_ps(s + j, e);
+        vsum = _mm256_add_ps(vsum, e);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vsum);
+    for (int32_t i = 0; i < 8; i++) sum += lanes[i];
+#endif
+    for (; j < n; j++) {
+        s[j] = expf(s[j] - max);
+        sum += s[j];
+    }
+    return sum;
+}
+
 /* `d` is a literal at every call below, so the compiler unrolls and vectorises the head-dim loops. */
 static inline __attribute__((always_inline)) void attend_item_d(const Job *job, int64_t item, float *scores,
                                                                 float *acc, const int32_t d) {
@@ -42,32 +141,15 @@ static inline __attribute__((always_inline)) void attend_item_d(const Job *job, 
     const int64_t kv_len = job->kv_indptr[r + 1] - job->kv_indptr[r];
     const int64_t visible = kv_len - n_new + (row - job->qo_indptr[r]) + 1; /* causal */
     const int64_t *slots = job->kv_indices + job->kv_indptr[r];
+    const int64_t stride = (int64_t)job->hkv * d;
     const float *q = job->q + ((int64_t)row * job->hq + (int64_t)h * g_count) * d;
 
-    for (int64_t j = 0; j < visible; j++) {
-        const float *k = job->k_pool + (slots[j] * job->hkv + h) * d;
-        for (int32_t g = 0; g < g_count; g++) {
-            const float *qg = q + (int64_t)g * d;
-            float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-            for (int32_t i = 0; i < d; i++) dot += qg[i] * k[i];
-            scores[(int64_t)g * job->max_kv_len + j] = dot * job->scale;
-        }
-    }
+    score_keys(q, g_count, job->k_pool, slots, visible, stride, h, job->scale, scores, job->max_kv_len, d);
+    float inv_sum[g_count];
+    for (int32_t g = 0; g < g_count; g++) inv_sum[g] = 1.0f / exp_shifted(scores + (int64_t)g * job->max_kv_len, visible);
     memset(acc, 0, sizeof(float) * (size_t)g_count * (size_t)d);
-    for (int32_t g = 0; g < g_count; g++) {
-        float *s = scores + (int64_t)g * job->max_kv_len;
-        float max = -INFINITY, sum = 0.0f;
-        for (int64_t j = 0; j < visible; j++) max = s[j] > max ? s[j] : max;
-        for (int64_t j = 0; j < visible; j++) {
-            s[j] = expf(s[j] - max);
-            sum += s[j];
-        }
-        const float inv = 1.0f / sum;
-        for (int64_t j = 0; j < visible; j++) s[j] *= inv;
-    }
     for (int64_t j = 0; j < visible; j++) {
-        const float *v = job->v_pool + (slots[j] * job->hkv + h) * d;
+        const float *v = job->v_pool + slots[j] * stride + (int64_t)h * d;
         for (int32_t g = 0; g < g_count; g++) {
             const float p = scores[(int64_t)g * job->max_kv_len + j];
             float *a = acc + (int64_t)g * d;
@@ -75,8 +157,10 @@ static inline __attribute__((always_inline)) void attend_item_d(const Job *job, 
             for (int32_t i = 0; i < d; i++) a[i] += p * v[i];
         }
     }
-    memcpy(job->out + ((int64_t)row * job->hq + (int64_t)h * g_count) * d, acc,
-           sizeof(float) * (size_t)g_count * (size_t)d);
+    /* Normalised once at the end: the weights' sum scales the d outputs, not every weight. */
+    float *out = job->out + ((int64_t)row * job->hq + (int64_t)h * g_count) * d;
+    for (int32_t g = 0; g < g_count; g++)
+        for (int32_t i = 0; i < d; i++) out[(int64_t)g * d + i] = acc[(int64_t)g * d + i] * inv_sum[g];
 }
 
 static void attend_item(const Job *job, int64_t item, float *scores, float *acc) {

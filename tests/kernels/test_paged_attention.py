@@ -33,12 +33,14 @@ class Pool:
 def batches(draw):
     hkv = draw(st.sampled_from([1, 2, 4]))
     group = draw(st.sampled_from([1, 2, 4, 7]))
-    d = draw(st.sampled_from([8, 32, 48, 64, 128]))
+    d = draw(st.sampled_from([8, 20, 32, 48, 64, 128]))  # 20: off the 8-lane path
     reqs = draw(st.lists(st.tuples(st.integers(0, 70), st.integers(1, 9)), min_size=1, max_size=6))
     decode = draw(st.booleans())
     reqs = [(prefix, 1 if decode else new) for prefix, new in reqs]
     seed = draw(st.integers(0, 2**16))
-    return hkv, group, d, reqs, seed
+    # A large scale spreads the scores over hundreds of units: most weights underflow to 0.
+    scale = draw(st.sampled_from([d**-0.5, 40.0]))
+    return hkv, group, d, reqs, seed, scale
 
 
 def _layout(reqs: list[tuple[int, int]], pool_slots: int, seed: int) -> BatchLayout:
@@ -52,10 +54,10 @@ def _layout(reqs: list[tuple[int, int]], pool_slots: int, seed: int) -> BatchLay
     return BatchLayout.of_requests(out_loc, kv_slots, [new for _, new in reqs])
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@settings(max_examples=80, deadline=None, derandomize=True, database=None)
 @given(batch=batches())
 def test_cpu_kernel_matches_torch_reference_on_extend_decode_and_mixed_batches(batch):
-    hkv, group, d, reqs, seed = batch
+    hkv, group, d, reqs, seed, scale = batch
     tokens = sum(new for _, new in reqs)
     pool_slots = sum(p + n for p, n in reqs) + 8
     layout = _layout(reqs, pool_slots, seed)
@@ -63,10 +65,13 @@ def test_cpu_kernel_matches_torch_reference_on_extend_decode_and_mixed_batches(b
     q = torch.randn(tokens, hkv * group, d, generator=g)
     k, v = torch.randn(tokens, hkv, d, generator=g), torch.randn(tokens, hkv, d, generator=g)
     ours, ref = Pool(pool_slots, 1, hkv, d), Pool(pool_slots, 1, hkv, d)
-    got = CpuAttentionBackend(ours, d**-0.5).plan(layout).attend(0, q, k, v)
-    want = TorchAttentionBackend(ref, d**-0.5).plan(layout).attend(0, q, k, v)
+    got = CpuAttentionBackend(ours, scale).plan(layout).attend(0, q, k, v)
+    want = TorchAttentionBackend(ref, scale).plan(layout).attend(0, q, k, v)
     assert torch.equal(ours.k_buffers[0], ref.k_buffers[0]) and torch.equal(ours.v_buffers[0], ref.v_buffers[0])
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # Stated tolerance: 1e-5 at the model's own scale. Scores in the hundreds carry fp32 rounding of
+    # ~1e-5 each into their weights, in the reference as much as here: 2e-4 there.
+    tol = 1e-5 if scale < 1 else 2e-4
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
 
 
 def test_a_requests_result_does_not_depend_on_its_batch_or_thread_count():
