@@ -107,10 +107,15 @@ _TYPES: list[type] = [GenerateMsg, AbortMsg, ShutdownMsg, ReadyMsg, DeltasMsg, R
 _TAGS = {cls: i for i, cls in enumerate(_TYPES)}
 
 
+# A step's deltas go out as rows of their fields in this order: `dataclasses.asdict` deep-copies
+# every token list and logprob, and cost the scheduler process ~5% of its time under load.
+_DELTA_FIELDS = tuple(f.name for f in dataclasses.fields(RequestDelta))
+
+
 def encode(msg: Message) -> bytes:
     fields = {f.name: getattr(msg, f.name) for f in dataclasses.fields(msg)}
     if isinstance(msg, DeltasMsg):
-        fields["deltas"] = [dataclasses.asdict(d) for d in msg.deltas]
+        fields["deltas"] = [[getattr(d, name) for name in _DELTA_FIELDS] for d in msg.deltas]
     elif isinstance(msg, AbortReplyMsg):
         fields["answers"] = [dataclasses.asdict(a) | {"status": a.status.value} for a in msg.answers]
     return msgpack.packb([_TAGS[type(msg)], fields], use_bin_type=True)
@@ -120,7 +125,7 @@ def decode(data: bytes) -> Message:
     tag, fields = msgpack.unpackb(data, raw=False, strict_map_key=False)
     cls = _TYPES[tag]
     if cls is DeltasMsg:
-        return DeltasMsg([RequestDelta(**d) for d in fields["deltas"]])
+        return DeltasMsg([RequestDelta(*row) for row in fields["deltas"]])
     if cls is AbortReplyMsg:
         answers = [AbortAnswer(**(a | {"status": AbortStatus(a["status"])})) for a in fields["answers"]]
         return AbortReplyMsg(fields["ticket"], answers)

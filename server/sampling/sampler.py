@@ -31,13 +31,21 @@ def sample(
     if random_rows:
         rows = torch.tensor(random_rows)
         probs = _filtered_probs(logits[rows], [params[i] for i in random_rows])
-        noise = torch.empty(len(random_rows), logits.shape[1])
-        for row, i in enumerate(random_rows):  # each request's own generator fills its own row, in place
-            noise[row].exponential_(generator=generators[i])
-        token_ids[rows] = (probs / noise).argmax(dim=-1)
+        token_ids[rows] = (probs / _exponential_noise(logits.shape[1], [generators[i] for i in random_rows])).argmax(dim=-1)
     chosen = logprobs_all.gather(1, token_ids[:, None])[:, 0]
     top_vals, top_ids = logprobs_all.topk(top_k_max, dim=-1) if top_k_max else (logprobs_all[:, :0], token_ids[:, None][:, :0])
     return SampleOutput(token_ids, chosen, top_ids, top_vals)
+
+
+def _exponential_noise(vocab: int, generators: list[torch.Generator]) -> torch.Tensor:
+    """One Exp(1) row per generator. Each row's uniforms come from its own generator (in place, so
+    a seeded request draws the same whatever its batch), then one batched inversion: `exponential_`
+    per row cost ~26 us for a 1,024-token vocabulary, four times `rand` plus a shared log."""
+    uniform = torch.empty(len(generators), vocab)
+    for row, generator in enumerate(generators):
+        torch.rand(vocab, generator=generator, out=uniform[row])
+    # 1 - U lies in (0, 1]; the floor keeps E > 0, so a filtered-out token's 0 / E stays 0 (never NaN).
+    return (-torch.log1p(-uniform)).clamp_min_(torch.finfo(uniform.dtype).tiny)
 
 
 def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
