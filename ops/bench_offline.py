@@ -11,10 +11,13 @@ import random
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 PEER_SCRIPT = Path(__file__).with_name("peer_vllm_offline.py")
+BATCH1_PROMPT_LEN = 32
+BATCH1_REPEATS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +41,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--peer-python", default=None, help="a python with vllm installed: also run vLLM's offline LLM")
     p.add_argument("--log-durability", default="fsync")
+    p.add_argument("--batch1-tokens", type=int, default=128,
+                   help="batch-1 decode: new tokens of the one request timed (0 skips the measurement)")
     p.set_defaults(run=run)
 
 
@@ -49,7 +54,8 @@ def make_workload(num: int, input_range: tuple[int, int], output_range: tuple[in
     return Workload(prompts, [rng.randint(*output_range) for _ in range(num)])
 
 
-def run_engine(model_dir: Path, work: Workload, durability: str) -> float:
+def run_engine(model_dir: Path, work: Workload, durability: str, batch1_tokens: int) -> tuple[float, float | None]:
+    """Output tok/s on the workload, and batch-1 decode ms per token (None when not asked)."""
     from server import Engine
 
     params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in work.output_lens]
@@ -61,15 +67,44 @@ def run_engine(model_dir: Path, work: Workload, durability: str) -> float:
             started = time.perf_counter()
             outs = engine.generate(input_ids=work.prompts, sampling_params=params)
             elapsed = time.perf_counter() - started
+
+            def one(new: int) -> None:
+                engine.generate(input_ids=[batch1_prompt(work)],
+                                sampling_params={"max_new_tokens": new, "temperature": 0, "ignore_eos": True})
+
+            batch1 = decode_ms_per_token(one, batch1_tokens) if batch1_tokens > 1 else None
         finally:
             engine.shutdown()
     assert sum(len(o["output_ids"]) for o in outs) == work.output_tokens  # type: ignore[index,union-attr]
-    return work.output_tokens / elapsed
+    return work.output_tokens / elapsed, batch1
 
 
-def run_hf(model_dir: Path, work: Workload, batch_size: int) -> float:
+def batch1_prompt(work: Workload) -> list[int]:
+    """The batch-1 request's prompt: the workload's tokens (so within the vocabulary), a fixed length."""
+    tokens = [t for prompt in work.prompts for t in prompt]
+    return tokens[:BATCH1_PROMPT_LEN]
+
+
+def decode_ms_per_token(generate: Callable[[int], None], new_tokens: int) -> float:
+    """Per-token decode time of one request: (time for `new_tokens` - time for 1) / (new_tokens - 1),
+    so the prefill and the fixed costs cancel; best of a few runs each (a shared machine's noise
+    only ever adds time)."""
+    generate(2)  # warm-up
+
+    def best(new: int) -> float:
+        times = []
+        for _ in range(BATCH1_REPEATS):
+            started = time.perf_counter()
+            generate(new)
+            times.append(time.perf_counter() - started)
+        return min(times)
+
+    return (best(new_tokens) - best(1)) / (new_tokens - 1) * 1e3
+
+
+def run_hf(model_dir: Path, work: Workload, batch_size: int, batch1_tokens: int) -> tuple[float, float | None]:
     """HF `generate`, greedy, static batches in arrival order: the batch runs to its longest
-    requested output; only the requested tokens count."""
+    requested output; only the requested tokens count. Also its batch-1 decode ms per token."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -88,7 +123,9 @@ def run_hf(model_dir: Path, work: Workload, batch_size: int) -> float:
     started = time.perf_counter()
     for i in range(0, len(work.prompts), batch_size):
         batch(work.prompts[i:i + batch_size], max(work.output_lens[i:i + batch_size]))
-    return work.output_tokens / (time.perf_counter() - started)
+    rate = work.output_tokens / (time.perf_counter() - started)
+    batch1 = decode_ms_per_token(lambda new: batch([batch1_prompt(work)], new), batch1_tokens) if batch1_tokens > 1 else None
+    return rate, batch1
 
 
 def run_peer(python: str, model_dir: Path, work: Workload) -> float:
@@ -112,9 +149,17 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     work = make_workload(args.num_prompts, tuple(args.input_range), tuple(args.output_range), tokenizer.vocab_size,
                          set(tokenizer.all_special_ids), args.seed)
-    figures = {"tokenledger": run_engine(model_dir, work, args.log_durability)}
+    figures: dict[str, float] = {}
+    batch1: dict[str, float] = {}
+
+    def keep(name: str, measured: tuple[float, float | None]) -> None:
+        figures[name] = measured[0]
+        if measured[1] is not None:
+            batch1[name] = measured[1]
+
+    keep("tokenledger", run_engine(model_dir, work, args.log_durability, args.batch1_tokens))
     if not args.skip_hf:
-        figures["hf_static"] = run_hf(model_dir, work, args.hf_batch_size)
+        keep("hf_static", run_hf(model_dir, work, args.hf_batch_size, args.batch1_tokens))
     if args.peer_python:
         figures["vllm"] = run_peer(args.peer_python, model_dir, work)
     print(f"workload: {args.num_prompts} prompts, input {args.input_range[0]}-{args.input_range[1]}, output "
@@ -122,5 +167,10 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'engine':14} {'output tok/s':>12} {'tokenledger / it':>17}")
     for name, rate in figures.items():
         print(f"{name:14} {rate:12.1f} {figures['tokenledger'] / rate:17.2f}")
-    print(json.dumps({"output_tok_s": figures, "output_tokens": work.output_tokens}))
+    if batch1:
+        print(f"batch-1 decode, {len(batch1_prompt(work))}-token prompt, {args.batch1_tokens} new tokens:")
+        print(f"{'engine':14} {'ms / token':>12} {'tokenledger / it':>17}")
+        for name, ms in batch1.items():
+            print(f"{name:14} {ms:12.2f} {batch1['tokenledger'] / ms:17.2f}")
+    print(json.dumps({"output_tok_s": figures, "output_tokens": work.output_tokens, "batch1_ms_per_token": batch1}))
     return 0
