@@ -10,6 +10,7 @@ from server.errors import ConfigError
 DURABILITY_MODES = ("fsync", "periodic", "none")
 REASONING_PARSERS = ("deepseek-r1", "qwen3")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu")  # kernels.registry.BACKEND_NAMES, without importing torch here
+LINEAR_BACKENDS = ("auto", "onednn", "torch")  # server.models.packed_linear, without importing torch here
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,7 @@ class ServerArgs:
     # 2-core machine a scheduler spinning on both cores starves the front and stalls every step).
     num_threads: int | None = None
     attention_backend: str = "auto"  # auto | torch | cpu (kernels.registry)
+    linear_backend: str = "auto"  # auto | onednn | torch (server.models.packed_linear)
     log_dir: str | None = None
     log_durability: str = "fsync"
     random_seed: int = 0
@@ -93,5 +95,7 @@ class ServerArgs:
             raise ConfigError("--num-threads must be >= 1")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}")
+        if self.linear_backend not in LINEAR_BACKENDS:
+            raise ConfigError(f"--linear-backend must be one of {', '.join(LINEAR_BACKENDS)}")
         if self.log_format not in ("console", "json"):
             raise ConfigError("--log-format must be console or json")

@@ -17,6 +17,7 @@ from server.model_runner import ModelRunner
 from server.models.config import ModelConfig
 from server.models.demo import model_dir_for
 from server.models.loader import load_model, parse_dtype
+from server.models.packed_linear import apply_linear_backend
 from server.request_builder import Limits
 from server.result_processing import FinishRules
 from server.schedule_policy import SchedulePolicy
@@ -51,7 +52,9 @@ def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink, beside_front
     """`beside_front`: the scheduler process of `serve`, sharing the machine with the HTTP front."""
     torch.set_num_threads(args.compute_threads(beside_front))
     model_dir = model_dir_for(args.model_path)
-    model = load_model(model_dir, parse_dtype(args.dtype))
+    dtype = parse_dtype(args.dtype)
+    model = load_model(model_dir, dtype)
+    apply_linear_backend(model, args.linear_backend, dtype)
     cfg = model.config
     tokenizer = Tokenizer(Path(args.tokenizer_path) if args.tokenizer_path else model_dir)
     context_len = args.context_length or cfg.max_position_embeddings

@@ -52,13 +52,15 @@ def _has_tie(values: torch.Tensor) -> bool:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_i8_greedy_batch_matches_hf_generate_with_any_chunking_overlap_on_and_off(arch, tiny_checkpoint, make_engine):
+def test_i8_greedy_batch_matches_hf_generate_with_any_chunking_overlap_and_linear_backend(arch, tiny_checkpoint, make_engine):
     model_dir = tiny_checkpoint(arch)
     prompts = _prompts(500)
     reference = _hf_greedy(model_dir, prompts)
     matched = 0
-    for chunk, no_overlap in ((-1, False), (64, False), (29, True), (64, True)):
-        engine = make_engine(model_dir, chunked_prefill_size=chunk, disable_overlap_schedule=no_overlap)
+    # Both linear backends: oneDNN's packed matmuls (auto, on CPU) and nn.Linear.
+    for chunk, no_overlap, linear in ((-1, False, "auto"), (64, False, "torch"), (29, True, "auto"), (64, True, "torch")):
+        engine = make_engine(model_dir, chunked_prefill_size=chunk, disable_overlap_schedule=no_overlap,
+                             linear_backend=linear)
         outs = engine.generate(
             input_ids=prompts, sampling_params={"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True},
             return_logprob=True, top_logprobs_num=5,

@@ -1,0 +1,57 @@
+"""Linear layers as oneDNN matmuls over weights packed once at load (CPU, fp32).
+
+`nn.Linear` calls MKL's sgemm, which re-reads the weight in its stored layout on every call.
+oneDNN (bundled with torch's CPU build) takes the weight reordered once into its blocked
+layout; measured on a hidden-1024 Llama, the forward ran ~1.6x faster (docs/benchmarks.md).
+The results equal `nn.Linear`'s up to float rounding (the two sum in different orders), and a row's
+result does not depend on how many rows share the call.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from server.errors import ConfigError
+
+_PACKING_BATCH_HINT = 64  # the M oneDNN tunes the packed layout for; any M runs on it
+
+
+def onednn_available(dtype: torch.dtype) -> bool:
+    return (dtype == torch.float32 and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+class PackedLinear(nn.Module):
+    """`y = x W^T + b` over a packed W. The packed tensor is not a parameter: the checkpoint's
+    tensors were loaded (and fingerprinted) before packing, and nothing trains here."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), _PACKING_BATCH_HINT)
+        self.bias = linear.bias.detach().clone() if linear.bias is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 0:  # no rows (a middle prefill chunk samples nothing): oneDNN wants M >= 1
+            return x.new_empty(0, self.out_features)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def apply_linear_backend(model: nn.Module, backend: str, dtype: torch.dtype) -> str:
+    """Swaps every `nn.Linear` for a `PackedLinear` when `backend` (auto | onednn | torch, checked by
+    ServerArgs) says so; returns the one in use."""
+    available = onednn_available(dtype)
+    if backend == "onednn" and not available:
+        raise ConfigError("--linear-backend onednn needs float32 weights and torch built with oneDNN (mkldnn)")
+    if backend == "torch" or not available:
+        return "torch"
+    _pack(model)
+    return "onednn"
+
+
+def _pack(module: nn.Module) -> None:
+    for name, child in list(module.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(module, name, PackedLinear(child))
+        else:
+            _pack(child)
