@@ -52,6 +52,14 @@ class BatchLayout:
         return cls(out_cache_loc, torch.cat((zero, extend_lens.cumsum(0))), torch.cat((zero, kv_lens.cumsum(0))),
                    indices, bool((extend_lens == 1).all()))
 
+    def then(self, other: BatchLayout) -> BatchLayout:
+        """This batch's requests followed by `other`'s, as one layout (a mixed extend + decode forward)."""
+        q_end, kv_end = self.qo_indptr[-1:], self.kv_indptr[-1:]
+        return BatchLayout(torch.cat((self.out_cache_loc, other.out_cache_loc)),
+                           torch.cat((self.qo_indptr, other.qo_indptr[1:] + q_end)),
+                           torch.cat((self.kv_indptr, other.kv_indptr[1:] + kv_end)),
+                           torch.cat((self.kv_indices, other.kv_indices)), self.is_decode and other.is_decode)
+
     @property
     def num_requests(self) -> int:
         return int(self.qo_indptr.numel()) - 1

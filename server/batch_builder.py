@@ -62,6 +62,18 @@ class BatchBuilder:
             future_slots=[self._publish(r) for r in reqs],
         )
 
+    def mixed(self, chosen: list[tuple[Req, int]], decoding: list[Req]) -> ForwardBatch:
+        """A prefill chunk's extend segments, then one decode segment per running request: one
+        forward, packed in that order (each segment's cursors are claimed in the same order)."""
+        ext, dec = self.extend(chosen), self.decode(decoding)
+        return ForwardBatch(
+            mode=ForwardMode.MIXED, reqs=ext.reqs + dec.reqs, extend_lens=ext.extend_lens + dec.extend_lens,
+            prefix_lens=ext.prefix_lens + dec.prefix_lens, input_ids=torch.cat((ext.input_ids, dec.input_ids)),
+            positions=torch.cat((ext.positions, dec.positions)), layout=ext.layout.then(dec.layout),
+            samples=ext.samples + dec.samples, input_logprob_targets=ext.input_logprob_targets + dec.input_logprob_targets,
+            future_slots=ext.future_slots + dec.future_slots,
+        )
+
     def _rows(self, reqs: list[Req]) -> torch.Tensor:
         return torch.tensor([r.pool_row for r in reqs], dtype=torch.int64)
 

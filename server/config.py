@@ -25,6 +25,7 @@ class ServerArgs:
     chunked_prefill_size: int = 512  # <= 0 disables chunking
     max_prefill_tokens: int = 16384
     disable_overlap_schedule: bool = False
+    enable_mixed_chunk: bool = False  # running decodes ride in each prefill chunk's forward
     # Compute threads of the forward (torch and the attention kernel). None: every core the process may
     # use, less one when serving over HTTP, where the front process needs a core of its own (on a
     # 2-core machine a scheduler spinning on both cores starves the front and stalls every step).

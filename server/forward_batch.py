@@ -19,6 +19,7 @@ from server.request import Req
 class ForwardMode(enum.Enum):
     EXTEND = "extend"  # prefill, whole prompt or one chunk of it
     DECODE = "decode"
+    MIXED = "mixed"  # extend segments (a prefill chunk) first, then decode segments, one forward
 
 
 @dataclass(slots=True)

@@ -64,7 +64,8 @@ def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink, beside_front
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
     policy = SchedulePolicy(args.max_running_requests, args.chunked_prefill_size, args.max_prefill_tokens,
-                            context_len, overlap=not args.disable_overlap_schedule)
+                            context_len, overlap=not args.disable_overlap_schedule,
+                            mixed_chunk=args.enable_mixed_chunk)
     runner = ModelRunner(model, kv_pool, policy.future_slots, args.attention_backend)
     grammars = GrammarCompiler(tokenizer.hf_tokenizer, cfg.vocab_size, sorted(eos))
     reasoning = (ReasoningParser.create(args.reasoning_parser, tokenizer.token_id(THINK_START),

@@ -14,6 +14,7 @@ class SchedulePolicy:
     max_prefill_tokens: int
     context_len: int
     overlap: bool = True
+    mixed_chunk: bool = False  # a prefill chunk's forward also carries the running decodes
 
     @property
     def prefill_budget(self) -> int:

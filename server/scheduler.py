@@ -152,7 +152,9 @@ class Scheduler:
         self.admit_compiled_grammars()
         extend = self._admit_for_extend()
         if extend:
-            batch = self.builder.extend(extend)
+            # Mixed: the running decodes ride along, chosen before this chunk's finished prompts join them.
+            decoding = [r for r in self.running if self._can_decode(r)] if self.policy.mixed_chunk else []
+            batch = self.builder.mixed(extend, decoding) if decoding else self.builder.extend(extend)
             for req, n in extend:
                 req.scheduled_prefill_len += n
                 if req.scheduled_prefill_len == req.prompt_len:

@@ -1,4 +1,5 @@
-"""Random arrivals, chunk sizes and abort times: I1–I4 after every step, I6 at the end."""
+"""Random arrivals, chunk sizes, overlap and mixed batches on or off, and abort times: I1–I4 after
+every step, I6 at the end."""
 from __future__ import annotations
 
 import itertools
@@ -6,11 +7,12 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from scripted import ScriptedRuntime
 
 from commitlog import FinishReason
+from server.forward_batch import ForwardMode
 
 
 @dataclass(frozen=True)
@@ -59,10 +61,13 @@ def reference(tiny_checkpoint, tmp_path_factory):
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(requests=st.lists(specs, min_size=2, max_size=8), chunk=st.sampled_from([4, 8, 16, -1]), overlap=st.booleans())
-def test_i1_to_i4_after_every_step_and_i6_against_the_log(requests, chunk, overlap, tiny_checkpoint, tmp_path_factory, reference):
+@given(requests=st.lists(specs, min_size=2, max_size=8), chunk=st.sampled_from([4, 8, 16, -1]), overlap=st.booleans(),
+       mixed=st.booleans())
+def test_i1_to_i4_after_every_step_and_i6_against_the_log(requests, chunk, overlap, mixed, tiny_checkpoint,
+                                                           tmp_path_factory, reference):
     rt = ScriptedRuntime(tiny_checkpoint("llama"), tmp_path_factory.mktemp("log"), chunked_prefill_size=chunk,
-                         disable_overlap_schedule=not overlap, max_total_tokens=160, max_running_requests=4)
+                         disable_overlap_schedule=not overlap, enable_mixed_chunk=mixed, max_total_tokens=160,
+                         max_running_requests=4)
     live, aborted = {}, {}
     try:
         for step in range(200):
@@ -78,6 +83,7 @@ def test_i1_to_i4_after_every_step_and_i6_against_the_log(requests, chunk, overl
             rt.step()
             _check_step(rt, live, aborted)
         rt.drain()
+        event(f"mixed batches launched: {any(b.mode is ForwardMode.MIXED for b in rt.launched)}")
         _check_end(rt, live, aborted, reference)
     finally:
         rt.close()

@@ -1,0 +1,87 @@
+"""Mixed batches (`--enable-mixed-chunk`): a prefill chunk and the running decodes in one forward.
+The seed's mixed-batch window, scripted: a request's final chunk is launched beside a decoding
+request, aborted while that result is pending; its token is discarded, the decode member keeps
+its ordinary path and its output equals a run without the aborted request (I2, I3)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from scripted import ScriptedRuntime
+
+from commitlog import FinishReason, Kind
+from server.forward_batch import ForwardMode
+from server.outputs import AbortStatus
+
+CHUNK = 16
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@pytest.fixture
+def rt(tiny_checkpoint, tmp_path):
+    runtime = ScriptedRuntime(tiny_checkpoint("llama"), tmp_path / "log", chunked_prefill_size=CHUNK,
+                              enable_mixed_chunk=True)
+    yield runtime
+    runtime.drain()
+    runtime.sched.check_integrity()
+    assert runtime.sched.kv_pool.num_free == runtime.sched.kv_pool.capacity, "KV not back at baseline after drain"
+    runtime.close()
+
+
+def _alone(tiny_checkpoint, log_dir, prompt: list[int], max_new: int) -> list[int]:
+    ref = ScriptedRuntime(tiny_checkpoint("llama"), log_dir, chunked_prefill_size=-1, disable_overlap_schedule=True)
+    try:
+        req = ref.submit(prompt, "alone", max_new_tokens=max_new, ignore_eos=True)
+        ref.drain()
+        return list(req.output_ids)
+    finally:
+        ref.close()
+
+
+def test_i2_abort_with_pending_final_chunk_in_a_mixed_batch_discards_it_and_decode_members_match_a_run_without_it(
+        rt, tiny_checkpoint, tmp_path):
+    other = rt.submit(_prompt(5, 2), "other", max_new_tokens=20, ignore_eos=True)
+    rt.step()  # its prefill: from here on it decodes
+    victim = rt.submit(_prompt(40, 1), "victim", max_new_tokens=8, ignore_eos=True)
+    while victim.scheduled_prefill_len < victim.prompt_len:
+        rt.sched.launch_next()  # each chunk overtakes the previous result, as run_step does
+        batch = rt.launched[-1]
+        assert batch.mode is ForwardMode.MIXED and batch.reqs == [victim, other]  # extend first, then decode
+        while len(rt.sched.inflight) > 1:
+            rt.sched.process_oldest()
+        rt.sched.flush()
+    # The window: the final chunk's result is pending, in one forward with other's decode.
+    (pending,) = rt.sched.inflight
+    assert pending.batch.samples == [True, True] and victim.output_ids == []
+    committed_before = len(other.output_ids)
+
+    answer = rt.abort("victim")
+    assert answer.status is AbortStatus.ABORTED and answer.completion_tokens == 0
+    rt.sched.process_oldest()
+    rt.sched.flush()
+    rt.wait_durable()
+
+    assert victim.state.finish_reason is FinishReason.ABORT and victim.output_ids == []
+    assert rt.kinds("victim")[-3:] == [Kind.ABORT_REQUESTED, Kind.DISCARD, Kind.FINISH]
+    assert rt.client.tokens["victim"] == []
+    assert victim.pool_row is None and victim.kv_allocated_len == 0  # its row and KV released
+    assert len(other.output_ids) == committed_before + 1  # the decode neighbour committed its token
+    rt.drain()
+    assert rt.batches_with(victim, after=len(rt.launched) - 1) == []
+    # I3: the neighbour read its own slice in every mixed result.
+    assert other.output_ids == rt.client.tokens["other"] == _alone(tiny_checkpoint, tmp_path / "ref", _prompt(5, 2), 20)
+
+
+def test_mixed_batches_give_the_same_greedy_outputs_as_extend_then_decode(rt, tiny_checkpoint, tmp_path):
+    specs = [(_prompt(50, 10 + i), 12) for i in range(4)]
+    reqs = []
+    for i, (prompt, max_new) in enumerate(specs):  # staggered: each arrives while the others decode
+        reqs.append(rt.submit(prompt, f"m{i}", max_new_tokens=max_new, ignore_eos=True))
+        rt.step()
+        rt.step()
+    rt.drain()
+    assert any(b.mode is ForwardMode.MIXED for b in rt.launched)
+    for i, (req, (prompt, max_new)) in enumerate(zip(reqs, specs)):
+        assert req.output_ids == _alone(tiny_checkpoint, tmp_path / f"ref{i}", prompt, max_new)
