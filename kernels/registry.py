@@ -1,7 +1,9 @@
 """Attention backends by name, and `auto`'s choice.
 
-`torch` runs anywhere (and is every kernel's reference); `cpu` is the C kernel for fp32 on CPU.
-`auto` takes the fastest one that can serve this dtype and device here.
+`torch` runs anywhere (and is every kernel's reference); `cpu` is the C kernel for fp32 on CPU;
+`triton` runs the Triton kernels (on CUDA, or on CPU under TRITON_INTERPRET=1 for tests). `auto`
+takes the fastest one that can serve this dtype and device here (FlashInfer on CUDA is issue 12's
+next step; until then `auto` on CUDA is `triton`).
 """
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import torch
 
 from kernels.backend import AttentionBackend, KVBuffer
 
-BACKEND_NAMES = ("auto", "torch", "cpu")
+BACKEND_NAMES = ("auto", "torch", "cpu", "triton")
 
 
 class BackendUnavailableError(RuntimeError):
@@ -23,6 +25,14 @@ def create_backend(name: str, kv: KVBuffer, scale: float) -> AttentionBackend:
     if name not in BACKEND_NAMES:
         raise BackendUnavailableError(f"unknown attention backend {name!r}; choose one of {', '.join(BACKEND_NAMES)}")
     pool = kv.k_buffers[0]
+    if name == "triton" or (name == "auto" and pool.device.type == "cuda"):
+        from kernels.triton_attention import TritonAttentionBackend, triton_runs_here
+
+        if triton_runs_here(pool):
+            return TritonAttentionBackend(kv, scale)
+        if name == "triton":
+            raise BackendUnavailableError("the triton attention backend needs triton and a CUDA device "
+                                          "(or TRITON_INTERPRET=1 on CPU, for tests)")
     cpu_fits = pool.device.type == "cpu" and pool.dtype == torch.float32
     if name == "torch" or (name == "auto" and not cpu_fits):
         return TorchAttentionBackend(kv, scale)

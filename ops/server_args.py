@@ -18,7 +18,7 @@ HELP = {
     "log_durability": f"WAL durability: {', '.join(DURABILITY_MODES)}",
     "num_threads": "compute threads of the forward (default: every core, less one for the HTTP front under serve)",
     "attention_backend": "attention kernel: auto (the fastest that runs here), torch (portable reference), "
-                         "cpu (C kernel, fp32 on CPU)",
+                         "cpu (C kernel, fp32 on CPU), triton (Triton kernels, CUDA)",
     "enable_mixed_chunk": "put the running decode requests into the same forward as a prefill chunk "
                           "(one mixed batch) instead of waiting for the prefill to finish",
     "linear_backend": "matmuls of the linear layers: auto (onednn where it runs), onednn (weights packed once at "

@@ -9,7 +9,7 @@ from server.errors import ConfigError
 
 DURABILITY_MODES = ("fsync", "periodic", "none")
 REASONING_PARSERS = ("deepseek-r1", "qwen3")
-ATTENTION_BACKENDS = ("auto", "torch", "cpu")  # kernels.registry.BACKEND_NAMES, without importing torch here
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")  # kernels.registry.BACKEND_NAMES, without importing torch here
 LINEAR_BACKENDS = ("auto", "onednn", "torch")  # server.models.packed_linear, without importing torch here
 
 

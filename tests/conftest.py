@@ -2,12 +2,20 @@
 hand every KV slot back by the end of each test."""
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
-from server.models.demo import CheckpointSpec, build_checkpoint
+# Without a GPU the Triton kernels run under triton's interpreter. Triton reads the switch when it
+# is first imported (its own library functions are decorated then), so it is set before anything
+# here imports triton; on a CUDA machine the kernels run on the device.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from server.models.demo import CheckpointSpec, build_checkpoint  # noqa: E402
 
 TINY_SPECS = {
     "llama": CheckpointSpec(architecture="LlamaForCausalLM", seed=1),
