@@ -58,3 +58,13 @@ def make_engine() -> Iterator[Callable[..., object]]:
         assert sched.is_idle, "requests still live at the end of the test"
         assert sched.kv_pool.num_free == sched.kv_pool.capacity, "KV slots leaked"
         sched.check_integrity()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`gpu` tests (deselected by default; `-m gpu` selects them) are skipped, saying why, without CUDA."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device: none is visible to torch here")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -122,3 +122,14 @@ def test_triton_backend_is_registered_and_attends_like_the_torch_backend(tk):
     want = create_backend("torch", ref, 0.3).plan(layout).attend(0, q, k, v)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert torch.equal(ours.k_buffers[0], ref.k_buffers[0])
+
+
+def test_engine_with_the_triton_backend_gives_the_torch_backends_greedy_tokens(tk, tiny_checkpoint, make_engine):
+    prompts = [[5, 9, 17, 33, 2, 71, 8], [40, 41]]  # a prefill of each, then decodes side by side
+    params = {"max_new_tokens": 3, "temperature": 0, "ignore_eos": True}
+    outputs = {}
+    for backend in ("torch", "triton"):
+        engine = make_engine(tiny_checkpoint("llama"), attention_backend=backend)
+        assert engine.scheduler.runner.attention.name == backend
+        outputs[backend] = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=params)]
+    assert outputs["triton"] == outputs["torch"] and all(len(ids) == 3 for ids in outputs["torch"])
