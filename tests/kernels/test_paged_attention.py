@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from layouts import scattered_layout
 
 from kernels.backend import BatchLayout
 from kernels.cpu_attention import CpuAttentionBackend, kernel_available, paged_attention
@@ -43,15 +44,6 @@ def batches(draw):
     return hkv, group, d, reqs, seed, scale
 
 
-def _layout(reqs: list[tuple[int, int]], pool_slots: int, seed: int) -> BatchLayout:
-    g = torch.Generator().manual_seed(seed)
-    order = torch.randperm(pool_slots - 1, generator=g) + 1  # slot 0 is the padding slot
-    kv_slots, at = [], 0
-    for prefix, new in reqs:
-        kv_slots.append(order[at : at + prefix + new])
-        at += prefix + new
-    out_loc = torch.cat([s[-new:] for s, (_, new) in zip(kv_slots, reqs)])
-    return BatchLayout.of_requests(out_loc, kv_slots, [new for _, new in reqs])
 
 
 @settings(max_examples=80, deadline=None, derandomize=True, database=None)
@@ -60,7 +52,7 @@ def test_cpu_kernel_matches_torch_reference_on_extend_decode_and_mixed_batches(b
     hkv, group, d, reqs, seed, scale = batch
     tokens = sum(new for _, new in reqs)
     pool_slots = sum(p + n for p, n in reqs) + 8
-    layout = _layout(reqs, pool_slots, seed)
+    layout = scattered_layout(reqs, pool_slots, seed)
     g = torch.Generator().manual_seed(seed + 1)
     q = torch.randn(tokens, hkv * group, d, generator=g)
     k, v = torch.randn(tokens, hkv, d, generator=g), torch.randn(tokens, hkv, d, generator=g)
@@ -78,7 +70,7 @@ def test_a_requests_result_does_not_depend_on_its_batch_or_thread_count():
     """Bitwise: batch invariance is what lets `replay --reexecute` and overlap on/off agree exactly."""
     reqs = [(300, 1), (17, 1), (120, 1), (64, 1)]
     pool = Pool(600, 1, 2, 64)
-    layout = _layout(reqs, 600, seed=5)
+    layout = scattered_layout(reqs, 600, seed=5)
     q = torch.randn(4, 8, 64)
     together = paged_attention(q, pool.k_buffers[0], pool.v_buffers[0], layout, 0.125, num_threads=4)
     kv_ptr = layout.kv_indptr.tolist()

@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from layouts import scattered_layout
 
 from kernels import reference
 from kernels.backend import BatchLayout
@@ -36,14 +37,6 @@ def ragged_batches(draw):
     return hkv, group, d, reqs, draw(st.integers(0, 2**16))
 
 
-def _layout(reqs: list[tuple[int, int]], pool_slots: int, seed: int) -> BatchLayout:
-    order = torch.randperm(pool_slots - 1, generator=torch.Generator().manual_seed(seed)) + 1
-    kv_slots, at = [], 0
-    for prefix, new in reqs:
-        kv_slots.append(order[at : at + prefix + new])
-        at += prefix + new
-    out_loc = torch.cat([s[-new:] for s, (_, new) in zip(kv_slots, reqs)])
-    return BatchLayout.of_requests(out_loc, kv_slots, [new for _, new in reqs])
 
 
 @settings(max_examples=12, deadline=None, derandomize=True, database=None)
@@ -52,7 +45,7 @@ def test_triton_attention_and_kv_store_match_the_reference_on_extend_decode_and_
     hkv, group, d, reqs, seed = batch
     g = torch.Generator().manual_seed(seed)
     tokens, pool_slots = sum(n for _, n in reqs), sum(p + n for p, n in reqs) + 4
-    layout = _layout(reqs, pool_slots, seed)
+    layout = scattered_layout(reqs, pool_slots, seed)
     q = torch.randn(tokens, hkv * group, d, generator=g)
     k, v = torch.randn(tokens, hkv, d, generator=g), torch.randn(tokens, hkv, d, generator=g)
     pools = [torch.randn(pool_slots, hkv, d, generator=g) for _ in range(2)]
@@ -68,7 +61,7 @@ def test_triton_attention_and_kv_store_match_the_reference_on_extend_decode_and_
 def test_triton_attention_of_a_request_does_not_depend_on_its_batch(tk):
     pool = [torch.randn(400, 2, 16, generator=torch.Generator().manual_seed(i)) for i in range(2)]
     reqs = [(150, 1), (3, 1), (70, 1)]  # the long one sets the batch's split count
-    layout = _layout(reqs, 400, seed=3)
+    layout = scattered_layout(reqs, 400, seed=3)
     q = torch.randn(3, 4, 16, generator=torch.Generator().manual_seed(9))
     together = tk.paged_attention(q, pool[0], pool[1], layout, 0.25)
     kv_ptr = layout.kv_indptr.tolist()
@@ -113,7 +106,7 @@ def test_triton_backend_is_registered_and_attends_like_the_torch_backend(tk):
             self.k_buffers[layer_id][slots] = k
             self.v_buffers[layer_id][slots] = v
 
-    layout = _layout([(40, 3), (7, 1)], 90, seed=2)
+    layout = scattered_layout([(40, 3), (7, 1)], 90, seed=2)
     q, k, v = torch.randn(4, 4, 8), torch.randn(4, 2, 8), torch.randn(4, 2, 8)
     ours, ref = Pool(), Pool()
     backend = create_backend("triton", ours, 0.3)

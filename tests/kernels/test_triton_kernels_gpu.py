@@ -7,6 +7,7 @@ import importlib
 
 import pytest
 import torch
+from layouts import scattered_layout
 
 from kernels import reference
 from kernels.backend import BatchLayout
@@ -14,14 +15,6 @@ from kernels.backend import BatchLayout
 pytestmark = pytest.mark.gpu
 
 
-def _layout(reqs: list[tuple[int, int]], pool_slots: int, seed: int) -> BatchLayout:
-    order = torch.randperm(pool_slots - 1, generator=torch.Generator().manual_seed(seed)) + 1
-    kv_slots, at = [], 0
-    for prefix, new in reqs:
-        kv_slots.append(order[at : at + prefix + new])
-        at += prefix + new
-    out_loc = torch.cat([s[-new:] for s, (_, new) in zip(kv_slots, reqs)])
-    return BatchLayout.of_requests(out_loc, kv_slots, [new for _, new in reqs])
 
 
 def _on(layout: BatchLayout, device: str) -> BatchLayout:
@@ -36,7 +29,7 @@ def test_triton_attention_on_cuda_matches_the_reference(group, reqs):
     g = torch.Generator().manual_seed(7)
     hkv, d = 2, 64
     tokens, pool_slots = sum(n for _, n in reqs), sum(p + n for p, n in reqs) + 4
-    layout = _layout(reqs, pool_slots, 1)
+    layout = scattered_layout(reqs, pool_slots, 1)
     q = torch.randn(tokens, hkv * group, d, generator=g)
     k, v = torch.randn(tokens, hkv, d, generator=g), torch.randn(tokens, hkv, d, generator=g)
     pools = [torch.randn(pool_slots, hkv, d, generator=g) for _ in range(2)]
