@@ -68,11 +68,13 @@ def run_engine(model_dir: Path, work: Workload, durability: str, batch1_tokens: 
             outs = engine.generate(input_ids=work.prompts, sampling_params=params)
             elapsed = time.perf_counter() - started
 
+            prompt = batch1_prompt(work)
+
             def one(new: int) -> None:
-                engine.generate(input_ids=[batch1_prompt(work)],
+                engine.generate(input_ids=[prompt],
                                 sampling_params={"max_new_tokens": new, "temperature": 0, "ignore_eos": True})
 
-            batch1 = decode_ms_per_token(one, batch1_tokens) if batch1_tokens > 1 else None
+            batch1 = decode_ms_per_token(one, batch1_tokens)
         finally:
             engine.shutdown()
     assert sum(len(o["output_ids"]) for o in outs) == work.output_tokens  # type: ignore[index,union-attr]
@@ -85,10 +87,12 @@ def batch1_prompt(work: Workload) -> list[int]:
     return tokens[:BATCH1_PROMPT_LEN]
 
 
-def decode_ms_per_token(generate: Callable[[int], None], new_tokens: int) -> float:
+def decode_ms_per_token(generate: Callable[[int], None], new_tokens: int) -> float | None:
     """Per-token decode time of one request: (time for `new_tokens` - time for 1) / (new_tokens - 1),
     so the prefill and the fixed costs cancel; best of a few runs each (a shared machine's noise
-    only ever adds time)."""
+    only ever adds time). None when `new_tokens` < 2 (the measurement was not asked for)."""
+    if new_tokens < 2:
+        return None
     generate(2)  # warm-up
 
     def best(new: int) -> float:
@@ -124,7 +128,8 @@ def run_hf(model_dir: Path, work: Workload, batch_size: int, batch1_tokens: int)
     for i in range(0, len(work.prompts), batch_size):
         batch(work.prompts[i:i + batch_size], max(work.output_lens[i:i + batch_size]))
     rate = work.output_tokens / (time.perf_counter() - started)
-    batch1 = decode_ms_per_token(lambda new: batch([batch1_prompt(work)], new), batch1_tokens) if batch1_tokens > 1 else None
+    prompt = batch1_prompt(work)
+    batch1 = decode_ms_per_token(lambda new: batch([prompt], new), batch1_tokens)
     return rate, batch1
 
 
