@@ -15,6 +15,8 @@ from server.sampling.params import SamplingParams
 if TYPE_CHECKING:  # the front never needs torch; only the scheduler builds Reqs
     import torch
 
+    from server.radix_cache import TreeNode
+
 
 @dataclass(frozen=True, slots=True)
 class LogprobRequest:
@@ -48,6 +50,9 @@ class Req:
     pool_row: int | None = None
     kv_allocated_len: int = 0
     reserved_tokens: int = 0
+    # Prefix cache: the prompt's first `cached_len` slots are the tree's, locked by `cache_node`.
+    cached_len: int = 0
+    cache_node: TreeNode | None = None
     # Scheduling side, ahead of the committed state while results are pending (overlap).
     scheduled_prefill_len: int = 0  # prompt tokens put into launched batches
     inflight_tokens: int = 0  # tokens sampled by launched forwards whose results are pending

@@ -32,6 +32,7 @@ class CommittedView:
     finish: dict[str, Any] | None = None
     e2e_latency: float = 0.0
     reasoning_tokens: int = 0  # the first `reasoning_tokens` output ids are reasoning (thinking)
+    cached_tokens: int = 0  # prompt tokens whose KV the prefix cache supplied (as logged)
 
     @classmethod
     def of(cls, req: Req) -> CommittedView:
@@ -40,7 +41,7 @@ class CommittedView:
         return cls(req.rid, req.prompt_ids, req.logprob, req.params.skip_special_tokens, list(s.output_ids),
                    list(s.output_logprobs), [list(t) for t in s.output_top_logprobs], list(s.input_logprobs),
                    hidden, finish_reason_object(s), (req.finish_time or req.arrival_time) - req.arrival_time,
-                   s.num_reasoning_tokens)
+                   s.num_reasoning_tokens, s.cached_tokens)
 
     def apply(self, delta: RequestDelta) -> None:
         self.output_ids.extend(delta.token_ids)
@@ -49,6 +50,7 @@ class CommittedView:
         self.input_logprobs.extend(delta.input_logprobs)
         self.hidden_states.extend(delta.hidden_states)
         self.reasoning_tokens = max(self.reasoning_tokens, delta.reasoning_tokens)
+        self.cached_tokens = max(self.cached_tokens, delta.cached_tokens)
         if delta.finish is not None:
             self.finish = delta.finish
 
@@ -70,7 +72,7 @@ def format_output(view: CommittedView, tokenizer: Tokenizer) -> dict[str, Any]:
         "finish_reason": view.finish,
         "prompt_tokens": len(view.prompt_ids),
         "completion_tokens": len(view.output_ids),
-        "cached_tokens": 0,
+        "cached_tokens": view.cached_tokens,
         "reasoning_tokens": view.reasoning_tokens,
         "e2e_latency": view.e2e_latency,
     }
