@@ -87,9 +87,10 @@ class RadixCache:
                 self.num_locked_tokens -= len(n.key)
 
     # -- insertion and eviction ------------------------------------------------------
-    def insert(self, ids: list[int], slots: torch.Tensor) -> int:
-        """Adds committed KV for `ids`; returns how many leading ids were already cached (the
-        caller's own slots for those are duplicates it must free, unless they are the tree's)."""
+    def insert(self, ids: list[int], slots: torch.Tensor) -> tuple[int, TreeNode]:
+        """Adds committed KV for `ids`. Returns how many leading ids were already cached (the
+        caller's own slots for those are duplicates it must free, unless they are the tree's) and
+        the node where `ids` end."""
         assert len(ids) == slots.numel(), "one KV slot per token id"
         self._clock += 1
         node, pos = self.root, 0
@@ -99,11 +100,13 @@ class RadixCache:
                 child = self._split(child, n)
             child.last_used = self._clock
             node, pos = child, pos + n
+        already = pos
         if pos < len(ids):
             leaf = TreeNode(list(ids[pos:]), slots[pos:].clone(), node, last_used=self._clock)
             node.children[ids[pos]] = leaf
             self.num_tokens += len(leaf.key)
-        return pos
+            node = leaf
+        return already, node
 
     def evict(self, num_tokens: int) -> int:
         """Frees at least `num_tokens` slots from unlocked leaves, least recently used first, or

@@ -50,8 +50,10 @@ class Req:
     pool_row: int | None = None
     kv_allocated_len: int = 0
     reserved_tokens: int = 0
-    # Prefix cache: the prompt's first `cached_len` slots are the tree's, locked by `cache_node`.
+    # Prefix cache: the row's first `owned_len` slots are the tree's, locked by `cache_node`;
+    # `cached_len` of them were matched at admission (reused, not computed: what is reported).
     cached_len: int = 0
+    owned_len: int = 0
     cache_node: TreeNode | None = None
     # Scheduling side, ahead of the committed state while results are pending (overlap).
     scheduled_prefill_len: int = 0  # prompt tokens put into launched batches

@@ -20,8 +20,6 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, wait
 
-import torch
-
 from commitlog import CommitLogError, DoomSource, FinishReason, Ledger, UnknownRequestError
 from commitlog.audit import finish_reason_object
 from server.batch_builder import BatchBuilder
@@ -31,6 +29,7 @@ from server.grammar.reasoning import ReasoningParser
 from server.memory import ReqToTokenPool, TokenToKVPool
 from server.model_runner import ForwardHandle, ModelRunner
 from server.outputs import AbortAnswer, AbortStatus, RequestDelta
+from server.prefix_cache import PrefixCache
 from server.radix_cache import RadixCache
 from server.request import Req
 from server.result_processing import FinishRules, process_result
@@ -69,7 +68,8 @@ class Scheduler:
         self.grammars = grammars  # None: constrained requests are refused at add_request
         self.reasoning = reasoning
         self.num_grammar_syncs = 0  # steps that processed results early for a constrained request
-        self.cache = cache  # the prefix cache of committed KV; None: --disable-radix-cache
+        self.cache = cache  # the radix tree of committed KV; None: --disable-radix-cache
+        self.prefix = PrefixCache(kv_pool, req_pool, cache)
 
     # -- arrivals -------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -138,6 +138,9 @@ class Scheduler:
         for req in process_result(batch, result, self.ledger, self.rules, self.outbox):
             self.counters.discarded_results += req.is_doomed
             self._on_finished(req)
+        for req in batch.reqs:
+            if req.state.kv_committed_len == req.prompt_len and not req.is_finished:
+                self._adopt_prompt(req)  # its prefill just committed: shareable from now on
 
     def flush(self) -> int | None:
         """Write the step's records as one group; its deltas go out once it is durable."""
@@ -186,7 +189,7 @@ class Scheduler:
         # The request pool has one row per running request: a free row is the running cap.
         while self.waiting and budget > 0:
             req = self.waiting[0]
-            if not self._reserve(req):
+            if self.prefix.should_wait(req, self._prefilling() + [r for r, _ in chosen]) or not self._reserve(req):
                 break  # head-of-line waits for memory; FIFO keeps admission fair
             self.waiting.popleft()
             chosen.append((req, min(req.prompt_len - req.scheduled_prefill_len, budget)))
@@ -201,44 +204,33 @@ class Scheduler:
         max_new_tokens, counting unlocked cache entries as free (they are evicted to make room)."""
         if self.req_pool.num_free == 0:
             return False
-        match = self.cache.match_prefix(req.prompt_ids, self._max_prefix(req)) if self.cache else None
-        cached = match.length if match else 0
-        need = req.prompt_len - cached + req.params.max_new_tokens
-        if match:
-            self.cache.lock(match.node)  # type: ignore[union-attr]  # before counting what is evictable
-        if not self._make_room(need):
-            if match:
-                self.cache.unlock(match.node)  # type: ignore[union-attr]
+        prefix = self.prefix.lock_prefix(req)
+        need = req.prompt_len - req.cached_len + req.params.max_new_tokens
+        # Every reservation plus the cache must fit the pool.
+        if not self.prefix.make_room(self.reserved_tokens + need + self.prefix.num_tokens - self.kv_pool.capacity):
+            self.prefix.unlock_prefix(req)
+            req.cached_len = 0  # not admitted: matched again when it is
             return False
         req.pool_row = self.req_pool.alloc()
         req.reserved_tokens = need
         self.reserved_tokens += need
-        if match:
-            req.cache_node, req.cached_len = match.node, cached
-            self.req_pool.table[req.pool_row, :cached] = match.slots
-            req.kv_allocated_len = req.scheduled_prefill_len = cached
-            self.counters.prefix_hit_tokens += cached
+        if prefix is not None:
+            self.req_pool.table[req.pool_row, : req.cached_len] = prefix
+            req.kv_allocated_len = req.scheduled_prefill_len = req.cached_len
+        self.counters.prefix_hit_tokens += req.cached_len
         self.counters.prefix_query_tokens += req.prompt_len
         return True
 
-    def _max_prefix(self, req: Req) -> int:
-        # The last prompt token is always computed (its logits sample the first output); prompt
-        # logprobs need the logits of every position from logprob_start_len - 1 on.
-        limit = req.prompt_len - 1
-        if req.wants_input_logprobs:
-            limit = min(limit, max(req.logprob.logprob_start_len, 1) - 1)
-        return max(limit, 0)
+    def _prefilling(self) -> list[Req]:
+        """Admitted requests whose prompt KV has not committed yet."""
+        reqs = self.running if self.chunked_req is None else [*self.running, self.chunked_req]
+        return [r for r in reqs if r.state.kv_committed_len < r.prompt_len and not r.is_doomed]
 
-    def _make_room(self, need: int) -> bool:
-        """Every reservation plus the cache must fit the pool; unlocked cache entries are evicted to fit."""
-        cached = self.cache.num_tokens if self.cache else 0
-        over = self.reserved_tokens + need + cached - self.kv_pool.capacity
-        if over <= 0:
-            return True
-        if self.cache is None or self.cache.num_evictable_tokens < over:
-            return False
-        self.cache.evict(over)
-        return True
+    def _adopt_prompt(self, req: Req) -> None:
+        adopted = self.prefix.adopt_prompt(req)
+        # Adopted slots are the tree's now (locked): this request no longer reserves them.
+        req.reserved_tokens -= adopted
+        self.reserved_tokens -= adopted
 
     # -- aborts ---------------------------------------------------------------------
     def abort(self, rid: str, source: DoomSource, reply: AbortReply, reason: str | None = None) -> None:
@@ -321,43 +313,23 @@ class Scheduler:
         # Slots a still-pending forward writes into are safe to free: forwards run in launch
         # order, so any later allocation of them is written after that forward.
         if req.pool_row is not None:
-            self._release_kv(req, self.req_pool.table[req.pool_row, : req.kv_allocated_len].clone())
+            self.prefix.release(req, self.req_pool.table[req.pool_row, : req.kv_allocated_len].clone())
             self.req_pool.free(req.pool_row)
             req.pool_row, req.kv_allocated_len = None, 0
         self.reserved_tokens -= req.reserved_tokens
         req.reserved_tokens = 0
 
-    def _release_kv(self, req: Req, slots: torch.Tensor) -> None:
-        """Frees the request's KV, except its committed part, which the prefix cache adopts.
-
-        Only KV below the committed watermark enters the cache: slots written by a forward
-        whose result was discarded (an aborted final chunk) or is still pending are freed."""
-        if self.cache is None:
-            self.kv_pool.free(slots)
-            return
-        # The matched prefix is committed KV already, even before the request's first commit.
-        committed = max(req.state.kv_committed_len, req.cached_len)
-        ids = (req.prompt_ids + req.output_ids)[:committed]
-        already = self.cache.insert(ids, slots[:committed])
-        # [cached_len, already): this request's own copies of KV the tree got from another one.
-        self.kv_pool.free(slots[req.cached_len : already])
-        self.kv_pool.free(slots[committed:])
-        if req.cache_node is not None:
-            self.cache.unlock(req.cache_node)
-            req.cache_node = None
-
     def flush_cache(self) -> bool:
         """Empties the prefix cache; refused (False) while any request is live."""
         if self.reqs or self.inflight:
             return False
-        if self.cache is not None:
-            self.cache.reset()
+        self.prefix.flush()
         return True
 
     # -- accounting -----------------------------------------------------------------
     @property
     def kv_cached_tokens(self) -> int:
-        return self.cache.num_tokens if self.cache else 0
+        return self.prefix.num_tokens
 
     @property
     def kv_live_tokens(self) -> int:
@@ -367,20 +339,9 @@ class Scheduler:
     def check_integrity(self) -> None:
         """Pool accounting must equal what live requests and the cache hold; run when idle and in tests."""
         live = list(self.reqs.values())
-        held = sum(r.kv_allocated_len - r.cached_len for r in live)
+        held = sum(r.kv_allocated_len - r.owned_len for r in live)
         assert self.kv_live_tokens == held, f"KV used by live requests {self.kv_live_tokens} != held {held}"
         rows = sum(r.pool_row is not None for r in live)
         assert self.req_pool.num_rows - self.req_pool.num_free == rows, "request rows leaked"
         assert self.reserved_tokens == sum(r.reserved_tokens for r in live), "KV reservation leaked"
-        if self.cache is not None:
-            self.cache.check_integrity()
-            self._check_slots_disjoint(live, self.cache)
-            if not live:
-                assert self.cache.num_locked_tokens == 0, "prefix cache still locked after a drain"
-
-    def _check_slots_disjoint(self, live: list[Req], cache: RadixCache) -> None:
-        # Every used slot has exactly one owner: the tree, or the one live request that wrote it.
-        owned = [cache.held_slots()] + [self.req_pool.table[r.pool_row, r.cached_len : r.kv_allocated_len]
-                                        for r in live if r.pool_row is not None]
-        slots = torch.cat(owned)
-        assert int(torch.unique(slots).numel()) == slots.numel() == self.kv_pool.num_used, "a KV slot has two owners"
+        self.prefix.check_integrity(live)

@@ -31,7 +31,7 @@ def _metrics(server: ServerProcess) -> dict[str, float]:
 
 
 def _wait_drained(server: ServerProcess) -> dict[str, float]:
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         m = _metrics(server)
         if m["tokenledger_requests_running"] == 0 and m["tokenledger_kv_used_tokens"] == 0:
@@ -63,9 +63,9 @@ def _stream_and_maybe_abort(url: str, i: int, abort_after: int | None) -> tuple[
     was shown, the abort's answer, and the final chunk."""
     rid = f"storm-{i}"
     body = {"input_ids": SYSTEM[: 50 + 5 * i] + [i + 1], "rid": rid, "stream": True,
-            "sampling_params": {"max_new_tokens": 400, "ignore_eos": True, "temperature": 0.8, "seed": i}}
+            "sampling_params": {"max_new_tokens": 200, "ignore_eos": True, "temperature": 0.8, "seed": i}}
     answer, final = None, {}
-    with httpx.stream("POST", f"{url}/generate", json=body, timeout=120) as r:
+    with httpx.stream("POST", f"{url}/generate", json=body, timeout=300) as r:
         for line in r.iter_lines():
             if not line.startswith("data: {"):
                 continue
@@ -87,7 +87,7 @@ def test_abort_storm_with_mixed_chunk_and_the_cache_is_exact_and_the_log_verifie
             aborted += 1
             assert finish == "abort" and shown == answer["completion_tokens"] == final["meta_info"]["completion_tokens"]
         else:
-            assert finish == "length" and shown == 400, (i, abort_after, answer, finish, shown)
+            assert finish == "length" and shown == 200, (i, abort_after, answer, finish, shown)
     assert aborted >= 10
     _wait_drained(mixed_server)
     ran = subprocess.run([sys.executable, "-m", "ops.cli", "verify", "--log-dir", str(mixed_server.log_dir)],

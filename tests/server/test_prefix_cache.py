@@ -7,6 +7,7 @@ import torch
 from scripted import ScriptedRuntime
 
 from commitlog import Kind
+from server.forward_batch import ForwardMode
 from server.memory import TokenToKVPool
 from server.radix_cache import RadixCache
 
@@ -36,7 +37,7 @@ def test_match_splits_an_edge_and_insert_reports_what_was_already_cached():
     assert match.length == 3 and match.slots.tolist() == slots[:3].tolist()
     assert match.node.key == [1, 2, 3]  # the edge was split so the match ends on a node
     other = cache.kv_pool.alloc(5)
-    assert cache.insert([1, 2, 3, 7, 8], other) == 3  # the caller frees its own copy of [1, 2, 3]
+    assert cache.insert([1, 2, 3, 7, 8], other)[0] == 3  # the caller frees its own copy of [1, 2, 3]
     assert cache.num_tokens == 7
     assert cache.match_prefix([1, 2, 3, 4, 5, 6], max_len=4).length == 4  # max_len caps the match
     cache.check_integrity()
@@ -160,3 +161,25 @@ def test_a_prompt_logprobs_request_recomputes_every_position_it_scores(rt):
     rt.drain()
     assert reusing.cached_len == 29  # output logprobs only: all but the last prompt token reused
     assert scoring.cached_len == 0 and len(scoring.state.input_logprobs) == 29  # every scored position computed
+
+
+def test_a_prompt_is_shared_once_its_prefill_commits_while_its_request_still_decodes(rt):
+    system = _prompt(48, 11)
+    first = rt.submit(system + [1], "first", max_new_tokens=40)
+    while first.state.kv_committed_len < first.prompt_len:
+        rt.step()
+    rt.step()  # the committed prompt is adopted by the tree, locked by the live request
+    assert not first.is_finished and first.owned_len == first.prompt_len
+    second = rt.submit(system + [2], "second", max_new_tokens=4)
+    rt.drain()
+    assert second.cached_len == 48 and not first.cached_len
+    assert len(first.output_ids) == 40
+
+
+def test_requests_arriving_together_with_a_shared_prefix_compute_it_once(rt):
+    system = _prompt(100, 12)
+    reqs = [rt.submit(system + [i + 1], f"r{i}", max_new_tokens=3) for i in range(4)]
+    rt.drain()
+    assert [r.cached_len for r in reqs] == [0, 100, 100, 100]  # the others waited for the first prefill
+    prefilled = sum(sum(b.extend_lens) for b in rt.launched if b.mode is ForwardMode.EXTEND)
+    assert prefilled == 101 + 3  # the shared 100 tokens were computed once, not four times
