@@ -288,6 +288,11 @@ class Scheduler:
         self.reserved_tokens -= req.reserved_tokens
         req.reserved_tokens = 0
 
+    def flush_cache(self) -> bool:
+        """Admin flush: True when nothing is cached any more. Refused (False) while requests are live,
+        as SGLang does: their KV is committed state, never dropped behind their back."""
+        return self.is_idle
+
     # -- accounting -----------------------------------------------------------------
     def check_integrity(self) -> None:
         """Pool accounting must equal what live requests hold; run when idle and in tests."""

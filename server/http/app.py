@@ -8,6 +8,7 @@ from typing import Any
 
 import structlog
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -19,6 +20,7 @@ from server.http.auth import BearerAuth, require_admin
 from server.http.bodies import json_object, typed
 from server.http.chain_head import chain_head_router
 from server.http.errors import HttpError, error_response
+from server.http.flush import flush_router
 from server.http.front import Front
 from server.http.json_wire import JSONResponse
 from server.http.native import native_router
@@ -46,6 +48,13 @@ def create_app(front: Front) -> FastAPI:
                                             error_type))
         response.headers.update(exc.headers or {})  # 405's Allow
         return response
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own parameter checks answer `{"detail": [...]}`; ours name the field instead.
+        first = (exc.errors() or [{}])[0]
+        field = str(first.get("loc", ["", None])[-1]) if first.get("loc") else None
+        return error_response(InvalidRequestError(f"{field or 'the request'}: {first.get('msg', 'invalid')}", field))
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -95,6 +104,7 @@ def create_app(front: Front) -> FastAPI:
     app.include_router(native_router(front))
     app.include_router(chain_head_router(front))
     app.include_router(openai_router(front))
+    app.include_router(flush_router(front))
     return app
 
 
