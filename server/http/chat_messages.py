@@ -20,9 +20,9 @@ MESSAGE_KEYS = {
 }
 # Arguments apply_chat_template takes itself; a client's chat_template_kwargs may not override them.
 RESERVED_TEMPLATE_KWARGS = frozenset({
-    "conversation", "messages", "chat_template", "tokenize", "add_generation_prompt", "continue_final_message",
-    "tools", "documents", "return_dict", "return_tensors", "return_assistant_tokens_mask", "padding",
-    "truncation", "max_length", "tokenizer_kwargs"})
+    "self", "conversation", "messages", "chat_template", "tokenize", "add_generation_prompt",
+    "continue_final_message", "tools", "documents", "return_dict", "return_tensors", "return_assistant_tokens_mask",
+    "padding", "truncation", "max_length", "tokenizer_kwargs", "sanitize_control_tokens"})
 FIELD = "messages"
 
 
