@@ -15,7 +15,9 @@ MESSAGE_KEYS = {
     "system": {"role", "content", "name"},
     "developer": {"role", "content", "name"},
     "user": {"role", "content", "name"},
-    "assistant": {"role", "content", "name", "tool_calls", "reasoning_content", "refusal"},
+    # The OpenAI SDK's own assistant message, appended to the history as agents do, holds these too.
+    "assistant": {"role", "content", "name", "tool_calls", "reasoning_content", "refusal", "function_call", "audio",
+                  "annotations"},
     "tool": {"role", "content", "name", "tool_call_id"},
 }
 # Arguments apply_chat_template takes itself; a client's chat_template_kwargs may not override them.
@@ -24,6 +26,8 @@ RESERVED_TEMPLATE_KWARGS = frozenset({
     "continue_final_message", "tools", "documents", "return_dict", "return_tensors", "return_assistant_tokens_mask",
     "padding", "truncation", "max_length", "tokenizer_kwargs", "sanitize_control_tokens"})
 FIELD = "messages"
+# Assistant-message fields accepted only as null (or empty): what they carry cannot be rendered here.
+NULL_ONLY = ("function_call", "audio", "annotations")
 
 
 def parse_messages(raw: Any) -> list[dict[str, Any]]:
@@ -57,8 +61,11 @@ def _message(i: int, m: Any) -> dict[str, Any]:
         out["name"] = m["name"]
     if role == "assistant" and m.get("tool_calls") is not None:
         out["tool_calls"] = [_tool_call(f"{where}.tool_calls[{j}]", c) for j, c in enumerate(_list(where, m))]
-    if role == "assistant" and isinstance(m.get("reasoning_content"), str):
-        out["reasoning_content"] = m["reasoning_content"]
+    for key in ("reasoning_content", "refusal"):  # passed on: the template decides whether to show them
+        if role == "assistant" and isinstance(m.get(key), str):
+            out[key] = m[key]
+    if role == "assistant" and (bad := next((k for k in NULL_ONLY if m.get(k)), None)) is not None:
+        raise InvalidRequestError(f"{where}: {bad} is not supported in the history (null only)", FIELD)
     if role == "tool":
         call_id = m.get("tool_call_id")
         if not isinstance(call_id, str) or not call_id:

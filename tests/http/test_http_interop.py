@@ -21,7 +21,9 @@ TOOL_CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weath
 AGENT_HISTORY = [
     {"role": "developer", "content": "You are terse."},
     {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL]},
+    # As the openai SDK's own message object dumps, appended by an agent loop: the null fields included.
+    {"role": "assistant", "content": None, "tool_calls": [TOOL_CALL], "refusal": None, "function_call": None,
+     "audio": None, "annotations": None},
     {"role": "tool", "tool_call_id": "call_1", "content": "{\"temp_c\": 21}"},
     {"role": "user", "content": [{"type": "text", "text": "And in "}, {"type": "text", "text": "Rome?"}]},
 ]
@@ -77,6 +79,7 @@ def test_agent_history_is_rendered_by_the_tokenizer_chat_template(server):
     # exactly the prompt the server counted.
     tok = AutoTokenizer.from_pretrained(str(server.model_dir))
     local = [{**m, "role": "system"} if m["role"] == "developer" else m for m in AGENT_HISTORY[:4]]
+    local[2] = {k: v for k, v in local[2].items() if k in ("role", "content", "tool_calls")}
     local.append({"role": "user", "content": "And in Rome?"})
     text = tok.apply_chat_template(local, tokenize=False, add_generation_prompt=True)
     assert "<tool_call>get_weather" in text and "<|im_start|>tool\n" in text
@@ -89,6 +92,7 @@ def test_agent_history_is_rendered_by_the_tokenizer_chat_template(server):
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),  # no tool_call_id
     ({"messages": [{"role": "user", "content": None}]}, "messages"),  # null content only with tool_calls
     ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs"),
+    ({"messages": [{"role": "assistant", "content": "x", "audio": {"id": "a1"}}]}, "messages"),
 ])
 def test_chat_shapes_still_refused_name_their_field(server, change, param):
     body = {"model": model_name(server), "messages": AGENT_HISTORY, "max_tokens": 2} | change
