@@ -4,14 +4,18 @@ Every field SGLang or OpenAI documents for a route is, here, either implemented,
 at its neutral value (the value that changes nothing, which real clients send by habit:
 `lora_path: null`, `n: 1`, `frequency_penalty: 0.0`), or refused; any other name is unknown.
 Each refusal is a 400 naming the field, so nothing is ever silently ignored. `docs/api.md`'s
-table is rendered from these tables (`python -m server.api_fields`; a test keeps the two equal).
+table is rendered from these tables (`python -m server.api_fields --write docs/api.md`; a test
+keeps the two equal).
 """
 from __future__ import annotations
 
 import enum
 import json
+import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from server.errors import InvalidRequestError
 
@@ -160,11 +164,22 @@ GENERATE = Surface("`POST /generate`", {
 })
 
 
-def main() -> None:
-    """Prints the docs table (docs/api.md holds this output)."""
+def main(argv: list[str] | None = None) -> None:
+    """Prints the docs tables; `--write docs/api.md` puts them between that file's markers."""
+    from server.http.metrics import render_name_mapping
     from server.http.openai_fields import CHAT, COMPLETIONS
 
-    print(render_tables([GENERATE, SAMPLING, COMPLETIONS, CHAT]))
+    blocks = {"fields": render_tables([GENERATE, SAMPLING, COMPLETIONS, CHAT]), "metric-names": render_name_mapping()}
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] != ["--write"] or len(args) != 2:
+        print("\n".join(blocks.values()))
+        return
+    path = Path(args[1])
+    text = path.read_text()
+    for name, block in blocks.items():
+        text = re.sub(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)",
+                      lambda m, b=block: m.group(1) + b + m.group(2), text, flags=re.S)
+    path.write_text(text)
 
 
 def render_tables(surfaces: list[Surface]) -> str:
@@ -182,4 +197,8 @@ def render_table(surface: Surface) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    # Through the imported module: run as __main__, this file's Support is not the one the
+    # OpenAI tables were built with.
+    from server import api_fields
+
+    api_fields.main()

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from commitlog.rids import rid_problem
 from server.errors import InvalidRequestError
 from server.grammar.spec import GrammarKind, GrammarSpec, check_syntax
 from server.http.bodies import json_object, typed
@@ -164,7 +165,7 @@ def _response_schema(fmt: dict[str, Any] | None) -> str | None:
 def _build(front: Front, body: dict[str, Any], model: str, kind: str, call: GenerateCall, params: dict[str, Any],
            n: int, k: int | None) -> Call:
     options = _stream_options(body)
-    rid = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
+    rid = _client_rid(body) or f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
     call.return_logprob, call.top_logprobs_num = k is not None, k or 0
     builder = require_ready(front)
     prompts = len(call.prompt) if isinstance(call.prompt, list) else 1
@@ -180,6 +181,14 @@ def _build(front: Front, body: dict[str, Any], model: str, kind: str, call: Gene
     specs = [RequestSpec(rid if len(specs) == 1 else f"{rid}-{i}", s.prompt_ids, s.params, s.logprob)
              for i, s in enumerate(specs)]
     return Call(rid, model, kind, specs, k, options["include_usage"], options["continuous_usage_stats"])
+
+
+def _client_rid(body: dict[str, Any]) -> str | None:
+    """SGLang's `rid` on the OpenAI routes: the response id (and the log's key) a client chose."""
+    rid = typed(body, "rid", str)
+    if rid is not None and (problem := rid_problem(rid)) is not None:
+        raise InvalidRequestError(problem, "rid")
+    return rid
 
 
 def _stream_options(body: dict[str, Any]) -> dict[str, bool]:

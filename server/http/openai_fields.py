@@ -13,7 +13,13 @@ COMMON: dict[str, FieldRule] = {
     "user": implemented("an end-user id (OpenAI: for abuse monitoring); it never changes the output"),
     **awaiting_rules("frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "min_tokens",
                 "no_stop_trim", "spaces_between_special_tokens"),
+    "rid": implemented("SGLang's: the response id, and the request's key in the log; n > 1 choices are rid-i"),
     "best_of": neutral(1, why="one candidate per choice"),
+    "session_params": neutral(why="no sessions; send the whole prompt"),
+    "priority": neutral(why="requests are admitted first come, first served"),
+    "data_parallel_rank": neutral(0, why="one data-parallel rank"),
+    **{name: neutral(why="no prefill/decode disaggregation here (one server serves both)") for name in (
+        "bootstrap_host", "bootstrap_port", "bootstrap_room")},
     "lora_path": neutral(why="no LoRA adapters are loaded here; null serves the base model"),
     "return_hidden_states": neutral(False, why="hidden states are returned on /generate only"),
 }
@@ -34,6 +40,9 @@ CHAT = Surface("`POST /v1/chat/completions`", {
     "max_completion_tokens": implemented(),
     "response_format": implemented("text, json_object, json_schema"),
     "chat_template_kwargs": implemented("extra variables for the tokenizer's chat template"),
+    "separate_reasoning": neutral(True, why="with --reasoning-parser thinking is always in reasoning_content"),
+    "stream_reasoning": neutral(True, why="thinking streams as it is generated"),
+    "continue_final_message": neutral(False, why="the prompt always ends with a new assistant turn"),
     "tools": neutral([], why=NO_TOOLS),
     "tool_choice": neutral("none", why=NO_TOOLS),
     "parallel_tool_calls": neutral(True, False, why="moot without tools"),

@@ -193,3 +193,25 @@ def test_metrics_parse_with_prometheus_client_and_count_requests_by_model_and_re
                       "tokenledger_e2e_request_latency_seconds", "tokenledger_request_prompt_tokens",
                       "tokenledger_request_generation_tokens"):
         assert total(f"{histogram}_count") >= 1, histogram
+
+
+def test_openai_routes_take_sglang_extras_rid_regex_and_stop_token_ids(server):
+    name = model_name(server)
+    body = {"model": name, "prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "rid": "client-cmpl-1",
+            "regex": "[a-z]{3}"}
+    r = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["id"] == r.headers["x-request-id"] == "client-cmpl-1"
+    assert len(out["choices"][0]["text"]) == 3 and out["choices"][0]["text"].isalpha()
+    assert httpx.get(f"{server.url}/requests/client-cmpl-1").json()["rid"] == "client-cmpl-1"
+    greedy = httpx.post(f"{server.url}/generate", json={"text": "Once upon a time", "sampling_params": {
+        "temperature": 0, "max_new_tokens": 6, "ignore_eos": True}}, timeout=60).json()["output_ids"]
+    stop_at = greedy[2]
+    cut = httpx.post(f"{server.url}/v1/completions",
+                     json={"model": name, "prompt": "Once upon a time", "max_tokens": 6, "temperature": 0,
+                           "stop_token_ids": [stop_at]}, timeout=60).json()
+    assert cut["choices"][0]["finish_reason"] == "stop"
+    assert cut["usage"]["completion_tokens"] == greedy.index(stop_at) + 1
+    bad = httpx.post(f"{server.url}/v1/completions", json=body | {"rid": "r" * 300}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "rid"

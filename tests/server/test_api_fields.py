@@ -25,7 +25,7 @@ def _block(name: str) -> str:
 
 def test_docs_api_md_field_tables_are_the_ones_the_code_enforces():
     assert _block("fields") == render_tables([GENERATE, SAMPLING, COMPLETIONS, CHAT]).strip(), (
-        "docs/api.md is stale: paste the output of `python -m server.api_fields` between the fields markers")
+        "docs/api.md is stale: run `python -m server.api_fields --write docs/api.md`")
 
 
 def test_docs_api_md_lists_every_sglang_metric_name():
