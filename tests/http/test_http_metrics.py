@@ -51,3 +51,17 @@ def test_sglang_names_replace_ours_where_sglang_has_the_series():
         assert not any(n == ours or n.startswith(ours + "_") for n in names), ours
     assert "tokenledger_wal_durable_lsn" in names  # no SGLang counterpart: our name stays
     assert metrics.durable_lsn_now() == 5
+
+
+def test_the_serve_flag_reaches_the_front_metrics_with_the_served_model_name():
+    from types import SimpleNamespace
+
+    from ops.cli import build_parser
+    from ops.server_args import server_args_from
+    from server.http.front import Front
+
+    args = server_args_from(build_parser().parse_args(["serve", "--enable-metrics-sglang-names"]))
+    front = Front(args, SimpleNamespace(), SimpleNamespace(), "served-name")  # type: ignore[arg-type]
+    text = front.metrics.render().decode()
+    assert 'sglang:num_running_reqs{model_name="served-name"}' in text
+    assert "tokenledger_requests_running" not in text
