@@ -95,8 +95,8 @@ def same_value(value: object, neutral_value: object) -> bool:
 
 
 # Sampling controls another change is implementing (issue 15, item 3). Until it lands they are
-# accepted at their neutral value only; when one becomes implemented, drop its entry here (a test
-# fails while a SamplingParams field is still listed, to say so).
+# accepted at their neutral value only. Dropping an entry here makes the field implemented on every
+# surface that lists it (a test fails while a SamplingParams field is still listed, to say so).
 AWAITING = {
     "min_new_tokens": 0, "min_tokens": 0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
     "repetition_penalty": 1.0, "logit_bias": {}, "sampling_seed": None, "no_stop_trim": False,
@@ -106,9 +106,9 @@ AWAITING_WHY = "not implemented yet"
 
 
 def awaiting(name: str) -> dict[str, FieldRule]:
-    """The rule of a field in AWAITING; nothing once its entry is dropped (then it is implemented)."""
+    """The rule of a field in AWAITING: neutral-only while listed, implemented once its entry is dropped."""
     if name not in AWAITING:
-        return {}
+        return {name: implemented()}
     value = AWAITING[name]
     return {name: FieldRule(Support.NEUTRAL_ONLY, () if value is None else (value,), AWAITING_WHY)}
 
