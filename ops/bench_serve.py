@@ -18,7 +18,7 @@ from ops.loadgen import AbortWay, LoadConfig, PlannedRequest, RequestTiming, run
 
 PERCENTILES = (50, 90, 99)
 # Gauges a server exposes for KV in use: ours in tokens, vLLM's as a fraction of the cache.
-KV_GAUGES = ("tokenledger_kv_used_tokens", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+KV_GAUGES = ("tokenledger_kv_used_tokens", "sglang:num_used_tokens", "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

@@ -1,4 +1,12 @@
-"""The `tokenledger` command line: serve and bench (replay/verify/audit/export follow)."""
+"""tokenledger: an LLM inference server whose every token is committed to a write-ahead log first.
+
+`serve` runs the HTTP server (SGLang's /generate and the OpenAI routes). The post-mortem
+commands read its log, read-only (safe beside a live server): `verify` checks records, hash
+chain and the commit invariants; `replay` rebuilds requests as a table or one request's
+timeline; `audit` gives a per-request account; `export` streams requests as JSON lines;
+`salvage` copies what is readable out of a damaged log. `bench` measures the engine, the
+log and a live server. Every log command reads the log where `serve` writes it unless
+--log-dir says otherwise."""
 from __future__ import annotations
 
 import argparse
@@ -6,13 +14,16 @@ import sys
 
 from ops import bench_checkpoint, bench_engine, bench_grammar, bench_offline, bench_serve, bench_throughput, bench_wal
 from ops.server_args import add_server_args, server_args_from
+from server.config import default_log_dir
 from server.errors import TokenLedgerError
 
 EXIT_USAGE = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokenledger", description=__doc__)
+    parser = argparse.ArgumentParser(prog="tokenledger", description=__doc__,
+                                     epilog=f"default log directory: {default_log_dir()}",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the HTTP server")
     add_server_args(serve)

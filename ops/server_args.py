@@ -14,7 +14,8 @@ HELP = {
     "chunked_prefill_size": "max prompt tokens per extend step; <= 0 disables chunking",
     "max_total_tokens": "KV cache capacity in tokens (default: derived from memory)",
     "disable_overlap_schedule": "process each step's result before launching the next",
-    "log_dir": "directory of the write-ahead log (LMDB)",
+    "log_dir": "directory of the write-ahead log (LMDB); default: the user state directory, the one every "
+               "log command reads by default",
     "log_durability": f"WAL durability: {', '.join(DURABILITY_MODES)}",
     "num_threads": "compute threads of the forward (default: every core, less one for the HTTP front under serve)",
     "attention_backend": "attention kernel: auto (the fastest that runs here), torch (portable reference), "
@@ -25,6 +26,8 @@ HELP = {
                            "later prompts with the same prefix reuse instead of recomputing)",
     "linear_backend": "matmuls of the linear layers: auto (onednn where it runs), onednn (weights packed once at "
                       "load, fp32 on CPU), torch (nn.Linear)",
+    "enable_metrics_sglang_names": "export the /metrics series that SGLang also has under SGLang's names "
+                                   "(sglang:num_running_reqs, ...); docs/api.md has the mapping",
     "max_prompts_per_request": "prompts one HTTP request may hold (a batch, or an OpenAI prompt list times n); "
                                "more is refused with 400",
 }

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Any
+
+import platformdirs
 
 from server.errors import ConfigError
 
@@ -11,6 +14,11 @@ DURABILITY_MODES = ("fsync", "periodic", "none")
 REASONING_PARSERS = ("deepseek-r1", "qwen3")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")  # kernels.registry.BACKEND_NAMES, without importing torch here
 LINEAR_BACKENDS = ("auto", "onednn", "torch")  # server.models.packed_linear, without importing torch here
+
+
+def default_log_dir() -> Path:
+    """Where `serve` writes its log without --log-dir, and where every log command reads by default."""
+    return Path(platformdirs.user_state_dir("tokenledger")) / "log"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +59,7 @@ class ServerArgs:
     # tokenized and scheduled, so an unbounded list lets one client stall everyone.
     max_prompts_per_request: int = 256
     reasoning_parser: str | None = None  # deepseek-r1 | qwen3: track <think>...</think> per request
+    enable_metrics_sglang_names: bool = False  # /metrics under SGLang's names where one exists
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> ServerArgs:

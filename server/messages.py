@@ -42,6 +42,20 @@ class AbortMsg:
 
 
 @dataclass(slots=True)
+class FlushCacheMsg:
+    """Admin: drop every cached (not live) KV entry; refused while requests are live."""
+
+    ticket: int
+
+
+@dataclass(slots=True)
+class FlushCacheReplyMsg:
+    ticket: int
+    flushed: bool
+    live_requests: int  # why it was refused, when it was
+
+
+@dataclass(slots=True)
 class ShutdownMsg:
     grace_s: float
 
@@ -104,9 +118,10 @@ class StoppedMsg:
 
 
 Message = (GenerateMsg | AbortMsg | ShutdownMsg | ReadyMsg | DeltasMsg | RejectMsg | AbortReplyMsg | StatsMsg
-           | FatalMsg | StoppedMsg)
+           | FatalMsg | StoppedMsg | FlushCacheMsg | FlushCacheReplyMsg)
+# Tags are list positions: new types go at the end, so both processes of one build agree.
 _TYPES: list[type] = [GenerateMsg, AbortMsg, ShutdownMsg, ReadyMsg, DeltasMsg, RejectMsg, AbortReplyMsg, StatsMsg,
-                      FatalMsg, StoppedMsg]
+                      FatalMsg, StoppedMsg, FlushCacheMsg, FlushCacheReplyMsg]
 _TAGS = {cls: i for i, cls in enumerate(_TYPES)}
 
 

@@ -78,7 +78,10 @@ def format_output(view: CommittedView, tokenizer: Tokenizer) -> dict[str, Any]:
     }
     if view.logprob.return_logprob:
         meta["output_token_logprobs"] = [(lp, t, None) for lp, t in zip(view.output_logprobs, view.output_ids)]
-        meta["output_top_logprobs"] = [[(lp, t, None) for t, lp in top] for top in view.output_top_logprobs]
+        # SGLang's count of output logprobs so far: a streaming client checks its chunks against it.
+        meta["output_token_logprobs_length"] = len(meta["output_token_logprobs"])
+        if view.logprob.top_logprobs_num > 0:  # as SGLang: only when top logprobs were asked for
+            meta["output_top_logprobs"] = [[(lp, t, None) for t, lp in top] for top in view.output_top_logprobs]
         if view.logprob.logprob_start_len >= 0:
             meta["input_token_logprobs"] = _input_logprobs(view)
     if view.logprob.return_hidden_states:

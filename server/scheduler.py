@@ -320,8 +320,9 @@ class Scheduler:
         req.reserved_tokens = 0
 
     def flush_cache(self) -> bool:
-        """Empties the prefix cache; refused (False) while any request is live."""
-        if self.reqs or self.inflight:
+        """Admin flush: empties the prefix cache. Refused (False) while requests are live, as SGLang
+        does: their KV is committed state, never dropped behind their back."""
+        if not self.is_idle:
             return False
         self.prefix.flush()
         return True

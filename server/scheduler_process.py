@@ -1,6 +1,6 @@
 """The scheduler process: owns the model, the KV pools and the log; talks to the front over ZMQ.
 
-Inbound (PULL): generate, abort, shutdown. Outbound (PUSH, through one sender thread that
+Inbound (PULL): generate, abort, flush cache, shutdown. Outbound (PUSH, through one sender thread that
 owns the socket): ready, durable deltas, abort replies, stats. Deltas are sent from the
 log's durable callback, so the front never sees a token that is not in the log (I5).
 """
@@ -25,6 +25,8 @@ from server.messages import (
     AbortReplyMsg,
     DeltasMsg,
     FatalMsg,
+    FlushCacheMsg,
+    FlushCacheReplyMsg,
     GenerateMsg,
     Message,
     ReadyMsg,
@@ -177,6 +179,8 @@ class SchedulerProcess:
             self._abort(msg)
         elif isinstance(msg, ShutdownMsg):
             self.shutdown_deadline = time.monotonic() + msg.grace_s
+        elif isinstance(msg, FlushCacheMsg):
+            self.sender.send(FlushCacheReplyMsg(msg.ticket, self.sched.flush_cache(), len(self.sched.reqs)))
 
     def _admit(self, msg: GenerateMsg) -> None:
         if self.shutdown_deadline is not None:

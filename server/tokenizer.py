@@ -9,10 +9,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from server.errors import ModelLoadError
+from server.errors import InvalidRequestError, ModelLoadError
 
 PLAIN_CHAT_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] if m['content'] is not none else '' }}"
+    "{% for c in m['tool_calls'] or [] %} [call {{ c['function']['name'] }}]{% endfor %}\n{% endfor %}"
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
 
@@ -64,11 +65,26 @@ class Tokenizer:
         """The transformers tokenizer (loaded on first use): xgrammar builds its vocabulary from it."""
         return self._load_hf()
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+    def apply_chat_template(self, messages: list[dict[str, Any]], template_kwargs: dict[str, Any] | None = None
+                            ) -> list[int]:
+        """The prompt ids of a chat; a template that cannot render these messages is the request's
+        fault (a role order it refuses, a shape it does not read): InvalidRequestError naming messages."""
+        from jinja2 import TemplateError  # transformers renders templates with jinja2
+
         hf = self._load_hf()
         # A tokenizer without a template gets a plain role-tagged one rather than an error.
         template = hf.chat_template or PLAIN_CHAT_TEMPLATE
-        text = hf.apply_chat_template(messages, chat_template=template, add_generation_prompt=True, tokenize=False)
+        if not isinstance(template, str):  # a dict of named templates: the default one
+            template = template.get("default") or PLAIN_CHAT_TEMPLATE
+        if "developer" not in template:
+            # OpenAI's developer role is its system role renamed; most templates know only "system".
+            messages = [m | {"role": "system"} if m["role"] == "developer" else m for m in messages]
+        try:
+            text = hf.apply_chat_template(messages, chat_template=template, add_generation_prompt=True,
+                                          tokenize=False, **(template_kwargs or {}))
+        except (TemplateError, TypeError, ValueError, KeyError, AttributeError) as exc:
+            raise InvalidRequestError(f"the model's chat template cannot render these messages: "
+                                      f"{type(exc).__name__}: {exc}", "messages") from None
         return list(hf.encode(text, add_special_tokens=False))
 
     def _load_hf(self) -> Any:

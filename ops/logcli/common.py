@@ -21,6 +21,7 @@ from commitlog import CommitLogError, CorruptRecordError
 from commitlog.errors import SALVAGE_HINT
 from commitlog.wal import META_TOKENIZER_DIR
 from ops.logcli.source import IsolatedLog
+from server.config import default_log_dir
 from server.errors import TokenLedgerError
 
 EXIT_OK, EXIT_VIOLATION, EXIT_CORRUPT = 0, 1, 2
@@ -136,7 +137,10 @@ def dumps(obj: Any) -> str:
 
 
 def add_log_dir(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--log-dir", required=True, help="the log directory (a live server's is fine: read-only)")
+    # The default is where `tokenledger serve` writes without --log-dir, so `make serve` then
+    # `tokenledger verify` reads the server's log with no flag at all.
+    p.add_argument("--log-dir", default=str(default_log_dir()),
+                   help="the log directory (a live server's is fine: read-only; default: where serve writes, %(default)s)")
 
 
 def add_tokenizer(p: argparse.ArgumentParser) -> None:

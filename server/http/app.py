@@ -19,6 +19,7 @@ from server.http.auth import BearerAuth, require_admin
 from server.http.bodies import json_object, typed
 from server.http.chain_head import chain_head_router
 from server.http.errors import HttpError, error_response
+from server.http.flush import flush_router
 from server.http.front import Front
 from server.http.json_wire import JSONResponse
 from server.http.native import native_router
@@ -33,6 +34,19 @@ MAX_LOGGED_ERROR_CHARS = 500
 def create_app(front: Front) -> FastAPI:
     app = FastAPI(title="tokenledger", docs_url=None, redoc_url=None)
     api_key, admin_key = front.args.api_key, front.args.admin_api_key or front.args.api_key
+    _add_error_handlers(app)
+    app.add_middleware(BearerAuth, api_key=api_key, admin_key=admin_key)
+    _add_admin_routes(app, front, admin_key)
+    app.include_router(native_router(front))
+    app.include_router(chain_head_router(front))
+    app.include_router(openai_router(front))
+    app.include_router(flush_router(front))
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every refusal, ours or the router's (no such route: 404, wrong method: 405), is the OpenAI
+    error body; never FastAPI's `{"detail"}`."""
 
     @app.exception_handler(TokenLedgerError)
     async def typed_error(_: Request, exc: TokenLedgerError) -> JSONResponse:
@@ -55,7 +69,9 @@ def create_app(front: Front) -> FastAPI:
                   traceback="".join(traceback.format_exception(exc, limit=-LOGGED_FRAMES)))
         return error_response(TokenLedgerError(f"internal error: {type(exc).__name__}"))
 
-    app.add_middleware(BearerAuth, api_key=api_key, admin_key=admin_key)
+
+def _add_admin_routes(app: FastAPI, front: Front, admin_key: str | None) -> None:
+    """Health, metrics, abort and the log's view of one request."""
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -91,11 +107,6 @@ def create_app(front: Front) -> FastAPI:
         if view is None:
             raise HttpError(404, f"the log has no request {rid!r}", "not_found", "rid")
         return JSONResponse(view)
-
-    app.include_router(native_router(front))
-    app.include_router(chain_head_router(front))
-    app.include_router(openai_router(front))
-    return app
 
 
 def _abort_response(rid: str, answers: list[AbortAnswer], front_log_dir: str) -> JSONResponse:

@@ -7,13 +7,15 @@ from typing import Any
 
 from starlette.requests import Request
 
+from server.api_fields import Surface
 from server.errors import InvalidRequestError
 from server.http.errors import HttpError
 
 MAX_BODY_BYTES = 8 << 20
 
 
-async def json_object(request: Request, allowed: frozenset[str]) -> dict[str, Any]:
+async def json_object(request: Request, allowed: Surface | frozenset[str]) -> dict[str, Any]:
+    """The body as a JSON object whose fields `allowed` knows (a Surface also checks neutral values)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise HttpError(413, f"the body is larger than {MAX_BODY_BYTES} bytes", "request_too_large")
@@ -25,6 +27,9 @@ async def json_object(request: Request, allowed: frozenset[str]) -> dict[str, An
     body = parse_json(bytes(raw))
     if not isinstance(body, dict):
         raise InvalidRequestError("the body must be a JSON object")
+    if isinstance(allowed, Surface):
+        allowed.check(body)
+        return body
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise InvalidRequestError(f"unsupported field {unknown[0]!r}", unknown[0])

@@ -12,8 +12,6 @@ from server.http.auth import require_admin
 from server.http.errors import HttpError, error_response
 from server.http.front import Front
 
-DURABLE_LSN_METRIC = "tokenledger_wal_durable_lsn"
-
 
 def chain_head_router(front: Front) -> APIRouter:
     router = APIRouter()
@@ -35,7 +33,7 @@ def chain_head_router(front: Front) -> APIRouter:
 def _durable_head(front: Front) -> ChainHead:
     """The stored hash of the latest record the scheduler has reported durable (its stats carry the LSN):
     with durability `periodic` or `none` a reader can see records a power cut could still take back."""
-    durable = front.metrics.registry.get_sample_value(DURABLE_LSN_METRIC) or 0
+    durable = front.metrics.durable_lsn_now()
     if durable <= 0:
         raise HttpError(503, "the scheduler has not reported a durable LSN yet; retry shortly", "unavailable")
     try:

@@ -11,6 +11,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -22,6 +23,8 @@ from server.messages import (
     AbortReplyMsg,
     DeltasMsg,
     FatalMsg,
+    FlushCacheMsg,
+    FlushCacheReplyMsg,
     GenerateMsg,
     Message,
     ReadyMsg,
@@ -76,6 +79,7 @@ class SchedulerClient:
         self._streams: dict[str, Submission] = {}  # accepted and not yet finished
         self._tickets = itertools.count(1)
         self._abort_futures: dict[int, asyncio.Future[list[AbortAnswer]]] = {}
+        self._flush_futures: dict[int, asyncio.Future[FlushCacheReplyMsg]] = {}
         self._tasks: list[asyncio.Task[None]] = []
 
     def spawn(self) -> None:
@@ -150,6 +154,16 @@ class SchedulerClient:
         await self._push.send(encode(AbortMsg(ticket, rids, source, abort_all)))
         return await future
 
+    async def flush_cache(self) -> FlushCacheReplyMsg:
+        """Asks the scheduler to drop its cached KV; it answers once, at once (never waits for requests)."""
+        if not self.is_healthy:
+            raise EngineStoppedError(self.failure or "the scheduler is not running")
+        ticket = next(self._tickets)
+        future: asyncio.Future[FlushCacheReplyMsg] = asyncio.get_running_loop().create_future()
+        self._flush_futures[ticket] = future
+        await self._push.send(encode(FlushCacheMsg(ticket)))
+        return await future
+
     async def shutdown(self, grace_s: float) -> None:
         if self.process.is_alive():
             await self._push.send(encode(ShutdownMsg(grace_s)))
@@ -190,6 +204,10 @@ class SchedulerClient:
             future = self._abort_futures.pop(msg.ticket, None)
             if future is not None and not future.done():
                 future.set_result(msg.answers)
+        elif isinstance(msg, FlushCacheReplyMsg):
+            flushed = self._flush_futures.pop(msg.ticket, None)
+            if flushed is not None and not flushed.done():
+                flushed.set_result(msg)
         elif isinstance(msg, RejectMsg):
             submission = self._streams.pop(msg.rid, None)
             if submission is not None:
@@ -220,10 +238,12 @@ class SchedulerClient:
             submission.finished = True
             submission.queue.put_nowait(error)
         self._streams.clear()
-        for future in self._abort_futures.values():
+        pending: list[asyncio.Future[Any]] = [*self._abort_futures.values(), *self._flush_futures.values()]
+        for future in pending:
             if not future.done():
                 future.set_exception(error)
         self._abort_futures.clear()
+        self._flush_futures.clear()
 
 
 def scheduler_entry(args: ServerArgs, log_dir: str, inbound: str, outbound: str) -> None:

@@ -19,7 +19,7 @@ from server.config import ServerArgs
 from server.errors import EngineStoppedError
 from server.http.client import SchedulerClient, Submission
 from server.http.errors import HttpError
-from server.http.metrics import Metrics
+from server.http.metrics import Metrics, RequestTiming
 from server.outputs import AbortAnswer, RequestDelta
 from server.request import RequestSpec
 from server.request_builder import Limits, RequestBuilder
@@ -43,7 +43,7 @@ class Front:
     client: SchedulerClient
     tokenizer: Tokenizer
     served_model_name: str
-    metrics: Metrics = field(default_factory=Metrics)
+    metrics: Metrics = field(init=False)
     builder: RequestBuilder | None = None
     draining: bool = False
     # OpenAI n > 1: one response id stands for several scheduler requests (live ones here,
@@ -55,6 +55,9 @@ class Front:
     # event loop: a large batch must not stall /health or other clients' streams.
     _work: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(WORK_THREADS, thread_name_prefix="tokenledger-build"))
+
+    def __post_init__(self) -> None:
+        self.metrics = Metrics(self.served_model_name, self.args.enable_metrics_sglang_names)
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._work, functools.partial(fn, *args))
@@ -125,23 +128,26 @@ class Front:
         """Durable deltas of one request, applied to `view`; aborts it if the caller goes away.
         Pass the `submission` from `accept`; without one the request is submitted only when
         this generator is first iterated (an abort before that finds no request)."""
-        arrival, first = time.monotonic(), True
+        timing = RequestTiming(time.monotonic())
         if submission is None:
             submission = self.accept([spec])[0]
         try:
             async for delta in self.client.follow(submission):
                 view.apply(delta)
-                if first and delta.token_ids:
-                    self.metrics.ttft.observe(time.monotonic() - arrival)
-                    first = False
+                now = time.monotonic()
+                # Filled on every chunk, not only the last: a streamed chunk reports its own latency.
+                view.e2e_latency = now - timing.arrival
+                self.metrics.on_tokens(timing, now, len(delta.token_ids))
                 yield delta
         except (asyncio.CancelledError, GeneratorExit):
             # The client went away mid-stream: abort at once, with source `disconnect`.
             self.abandon([submission])
             raise
         finally:
-            view.e2e_latency = time.monotonic() - arrival
+            view.e2e_latency = time.monotonic() - timing.arrival
             if view.finish is not None:
+                self.metrics.on_finish(view.e2e_latency, len(view.prompt_ids), len(view.output_ids),
+                                       str(view.finish.get("type")))
                 self._log_finish(view, spec)
 
     async def collect(self, specs: list[RequestSpec], request: Request,
@@ -200,8 +206,9 @@ class AcceptedStream(StreamingResponse):
     (done, client gone before the body began or mid-way, server stopping), `release` runs, so
     an accepted request is never left running with nobody to read it."""
 
-    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None]) -> None:
-        super().__init__(content, media_type="text/event-stream")
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None],
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=headers)
         self._release = release
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:

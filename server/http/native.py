@@ -1,30 +1,30 @@
-"""`POST /generate`: SGLang's native body, JSON or an SSE stream of cumulative chunks."""
+"""`POST /generate`: SGLang's native body, JSON or an SSE stream of cumulative chunks (a batch
+streams its prompts together, each chunk naming its prompt's `index`, as SGLang does)."""
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from server.errors import InvalidRequestError
+from server.api_fields import GENERATE
 from server.http.bodies import json_object, typed
 from server.http.client import Submission
 from server.http.front import AcceptedStream, Front, require_ready
-from server.http.json_wire import JSONResponse, dumps
+from server.http.json_wire import JSONResponse
+from server.http.streams import SSE_DONE, interleave, sse
 from server.request import RequestSpec
 from server.request_builder import GenerateCall
 from server.response import CommittedView, format_output
 
-GENERATE_FIELDS = frozenset({"text", "input_ids", "sampling_params", "return_logprob", "top_logprobs_num",
-                             "logprob_start_len", "return_hidden_states", "stream", "rid"})
+GENERATE_FIELDS = GENERATE.names
+REQUEST_ID_HEADER = "x-request-id"
 
 
-def sse(payload: Any) -> bytes:
-    return f"data: {dumps(payload)}\n\n".encode()
-
-
-SSE_DONE = b"data: [DONE]\n\n"
+def request_id_header(rids: list[str]) -> dict[str, str]:
+    """The rid(s) a response answers for, so a proxy log line leads to the request's log records."""
+    return {REQUEST_ID_HEADER: ",".join(rids)}
 
 
 def native_router(front: Front) -> APIRouter:
@@ -32,7 +32,7 @@ def native_router(front: Front) -> APIRouter:
 
     @router.post("/generate")
     async def generate(request: Request) -> Response:
-        body = await json_object(request, GENERATE_FIELDS)
+        body = await json_object(request, GENERATE)
         call = GenerateCall(
             prompt=body.get("text"), input_ids=body.get("input_ids"), sampling_params=body.get("sampling_params"),
             return_logprob=typed(body, "return_logprob", bool, False),
@@ -42,12 +42,12 @@ def native_router(front: Front) -> APIRouter:
         )
         stream = typed(body, "stream", bool, False)
         specs, is_batch = await front.off_loop(require_ready(front).build, call)
-        if stream and is_batch:
-            raise InvalidRequestError("stream is supported for one prompt at a time", "stream")
         # Accepted now: from here an abort of these rids wins, even before the scheduler admits them.
         submissions = front.accept(specs)
+        headers = request_id_header([s.rid for s in specs])
         if stream:
-            return AcceptedStream(_stream(front, specs[0], submissions[0]), lambda: front.release(submissions))
+            chunks = _stream(front, specs, submissions, is_batch)
+            return AcceptedStream(chunks, lambda: front.release(submissions), headers)
         try:
             views = await front.collect(specs, request, submissions)
         finally:
@@ -55,14 +55,23 @@ def native_router(front: Front) -> APIRouter:
         if views is None:
             return Response(status_code=499)  # the client is gone; nobody reads this
         outputs = [format_output(v, front.tokenizer) for v in views]
-        return JSONResponse(outputs if is_batch else outputs[0])
+        return JSONResponse(outputs if is_batch else outputs[0], headers=headers)
 
     return router
 
 
-async def _stream(front: Front, spec: RequestSpec, submission: Submission) -> AsyncIterator[bytes]:
+async def _stream(front: Front, specs: list[RequestSpec], submissions: list[Submission],
+                  is_batch: bool) -> AsyncIterator[bytes]:
+    sources = [_chunks(front, spec, sub, i if is_batch else None) for i, (spec, sub) in enumerate(zip(specs, submissions))]
+    async for chunk in interleave(sources):
+        yield sse(chunk)
+    yield SSE_DONE
+
+
+async def _chunks(front: Front, spec: RequestSpec, submission: Submission,
+                  index: int | None) -> AsyncGenerator[dict[str, Any], None]:
     view = CommittedView(spec.rid, spec.prompt_ids, spec.logprob, spec.params.skip_special_tokens)
     async for delta in front.stream(spec, view, submission):
         if delta.token_ids or delta.finish is not None:
-            yield sse(format_output(view, front.tokenizer))
-    yield SSE_DONE
+            out = format_output(view, front.tokenizer)
+            yield out if index is None else out | {"index": index}

@@ -3,29 +3,32 @@
 Every response's `id` (and every stream chunk's) is the request's rid, so an operator can
 look it up in the log and abort it. With n > 1 the choices run together as `{id}-{i}` in
 the log (streamed interleaved, each chunk naming its `index`); aborting `id` aborts them
-all, and a late abort of a finished `id` answers 409. Fields we do not implement are
-refused by name.
+all, and a late abort of a finished `id` answers 409. Which fields are implemented, taken only
+at their neutral value, or refused is stated once, in `server.http.openai_fields`.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from commitlog.rids import rid_problem
 from server.errors import InvalidRequestError
 from server.grammar.spec import GrammarKind, GrammarSpec, check_syntax
 from server.http.bodies import json_object, typed
+from server.http.chat_messages import parse_messages, template_kwargs
 from server.http.client import Submission
+from server.http.errors import HttpError
 from server.http.front import AcceptedStream, Front, require_ready
 from server.http.incremental import IncrementalText
 from server.http.json_wire import JSONResponse
-from server.http.native import SSE_DONE, sse
+from server.http.native import request_id_header
+from server.http.openai_fields import CHAT, COMPLETIONS
 from server.http.openai_format import (
     chat_logprobs,
     completion_logprobs,
@@ -33,17 +36,18 @@ from server.http.openai_format import (
     finish_reason,
     usage,
 )
+from server.http.streams import SSE_DONE, interleave, sse
 from server.request import RequestSpec
 from server.request_builder import GenerateCall
 from server.response import CommittedView
 
-COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "seed", "n", "stream",
-                    "stream_options", "user", "ignore_eos", "frequency_penalty", "presence_penalty", "best_of",
-                    "repetition_penalty"})
-COMPLETION_FIELDS = COMMON | {"prompt", "logprobs", "echo", "suffix"}
-CHAT_FIELDS = COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens", "response_format"}
+COMPLETION_FIELDS = COMPLETIONS.names
+CHAT_FIELDS = CHAT.names
 MAX_N = 16
-T = TypeVar("T")
+# Body fields passed to SamplingParams under the same name (the OpenAI routes take SGLang's extras too).
+PASSED_AS_IS = ("temperature", "top_p", "top_k", "min_p", "stop", "seed", "ignore_eos", "stop_token_ids",
+                "skip_special_tokens", "regex", "json_schema", "ebnf")
+STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,8 @@ class Call:
     kind: str  # "text_completion" or "chat.completion"
     specs: list[RequestSpec]
     logprobs: int | None  # top-k to report per token; None: no logprobs
-    include_usage: bool
+    include_usage: bool  # a last chunk with the usage of the whole response
+    continuous_usage: bool  # every chunk carries the usage so far
 
 
 def openai_router(front: Front) -> APIRouter:
@@ -61,20 +66,31 @@ def openai_router(front: Front) -> APIRouter:
 
     @router.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": front.served_model_name, "object": "model", "created": 0,
-                                            "owned_by": "tokenledger"}]}
+        return {"object": "list", "data": [_model_card(front)]}
+
+    # `:path`: a served name may hold "/" (an organisation/model id), as the OpenAI SDK sends it.
+    @router.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        if model_id != front.served_model_name:
+            raise HttpError(404, f"the model {model_id!r} does not exist here; this server serves "
+                                 f"{front.served_model_name!r}", "not_found", "model")
+        return _model_card(front)
 
     @router.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body = await json_object(request, COMPLETION_FIELDS)
+        body = await json_object(request, COMPLETIONS)
         return await _respond(front, request, body, await front.off_loop(_completion_call, front, body))
 
     @router.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        body = await json_object(request, CHAT_FIELDS)
+        body = await json_object(request, CHAT)
         return await _respond(front, request, body, await front.off_loop(_chat_call, front, body))
 
     return router
+
+
+def _model_card(front: Front) -> dict[str, Any]:
+    return {"id": front.served_model_name, "object": "model", "created": 0, "owned_by": "tokenledger"}
 
 
 # -- parsing ---------------------------------------------------------------------------
@@ -84,24 +100,17 @@ def _common(front: Front, body: dict[str, Any]) -> tuple[str, dict[str, Any], in
         raise InvalidRequestError("model is required", "model")
     if model != front.served_model_name:
         raise InvalidRequestError(f"model {model!r} is not served here; use {front.served_model_name!r}", "model")
-    # Benchmark clients send these at their neutral values; anything else would change the output.
-    for name, neutral in (("frequency_penalty", 0), ("presence_penalty", 0), ("best_of", 1),
-                          ("repetition_penalty", 1)):
-        if body.get(name) not in (None, neutral):
-            raise InvalidRequestError(f"{name} other than {neutral} is not supported", name)
     n = typed(body, "n", int, 1)
     if not 1 <= n <= MAX_N:
         raise InvalidRequestError(f"n must be between 1 and {MAX_N}", "n")
     typed(body, "seed", int)  # each choice's seed is derived from it before SamplingParams checks them
-    params = {k: body[k] for k in ("temperature", "top_p", "top_k", "min_p", "stop", "seed", "ignore_eos")
-              if body.get(k) is not None}
+    typed(body, "user", str)
+    params = {k: body[k] for k in PASSED_AS_IS if body.get(k) is not None}
     return model, params, n
 
 
 def _completion_call(front: Front, body: dict[str, Any]) -> Call:
     model, params, n = _common(front, body)
-    if body.get("echo") or body.get("suffix"):
-        raise InvalidRequestError("echo and suffix are not supported", "echo" if body.get("echo") else "suffix")
     params["max_new_tokens"] = typed(body, "max_tokens", int, 16)
     prompt = body.get("prompt")
     if prompt is None:
@@ -121,7 +130,8 @@ def _chat_call(front: Front, body: dict[str, Any]) -> Call:
     schema = _response_schema(typed(body, "response_format", dict))
     if schema is not None:
         params["json_schema"] = schema
-    prompt_ids = front.tokenizer.apply_chat_template(_messages(body.get("messages")))
+    messages = parse_messages(body.get("messages"))
+    prompt_ids = front.tokenizer.apply_chat_template(messages, template_kwargs(body.get("chat_template_kwargs")))
     limit = typed(body, "max_completion_tokens", int) or typed(body, "max_tokens", int)
     builder = require_ready(front)
     params["max_new_tokens"] = limit if limit is not None else max(builder.limits.context_len - len(prompt_ids), 0)
@@ -154,8 +164,8 @@ def _response_schema(fmt: dict[str, Any] | None) -> str | None:
 
 def _build(front: Front, body: dict[str, Any], model: str, kind: str, call: GenerateCall, params: dict[str, Any],
            n: int, k: int | None) -> Call:
-    options = typed(body, "stream_options", dict, {})
-    rid = f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
+    options = _stream_options(body)
+    rid = _client_rid(body) or f"{'cmpl' if kind == 'text_completion' else 'chatcmpl'}-{uuid.uuid4().hex}"
     call.return_logprob, call.top_logprobs_num = k is not None, k or 0
     builder = require_ready(front)
     prompts = len(call.prompt) if isinstance(call.prompt, list) else 1
@@ -170,25 +180,26 @@ def _build(front: Front, body: dict[str, Any], model: str, kind: str, call: Gene
         specs.extend(built)
     specs = [RequestSpec(rid if len(specs) == 1 else f"{rid}-{i}", s.prompt_ids, s.params, s.logprob)
              for i, s in enumerate(specs)]
-    return Call(rid, model, kind, specs, k, bool(options.get("include_usage")))
+    return Call(rid, model, kind, specs, k, options["include_usage"], options["continuous_usage_stats"])
 
 
-def _messages(raw: Any) -> list[dict[str, str]]:
-    if not isinstance(raw, list) or not raw:
-        raise InvalidRequestError("messages must be a non-empty array", "messages")
-    out = []
-    for m in raw:
-        if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant") or set(m) - {"role", "content", "name"}:
-            raise InvalidRequestError("each message needs a role (system|user|assistant) and content", "messages")
-        content = m.get("content")
-        if isinstance(content, list):
-            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise InvalidRequestError("only text content parts are supported", "messages")
-            content = "".join(str(p.get("text", "")) for p in content)
-        if not isinstance(content, str):
-            raise InvalidRequestError("message content must be a string", "messages")
-        out.append({"role": m["role"], "content": content})
-    return out
+def _client_rid(body: dict[str, Any]) -> str | None:
+    """SGLang's `rid` on the OpenAI routes: the response id (and the log's key) a client chose."""
+    rid = typed(body, "rid", str)
+    if rid is not None and (problem := rid_problem(rid)) is not None:
+        raise InvalidRequestError(problem, "rid")
+    return rid
+
+
+def _stream_options(body: dict[str, Any]) -> dict[str, bool]:
+    options = typed(body, "stream_options", dict, {})
+    unknown = sorted(set(options) - set(STREAM_OPTIONS))
+    if unknown:
+        raise InvalidRequestError(f"stream_options has no option {unknown[0]!r} (known: {', '.join(STREAM_OPTIONS)})",
+                                  "stream_options")
+    if not all(isinstance(options.get(k, False), bool) for k in STREAM_OPTIONS):
+        raise InvalidRequestError("stream_options values must be booleans", "stream_options")
+    return {k: bool(options.get(k, False)) for k in STREAM_OPTIONS}
 
 
 def _all_str(value: Any) -> bool:
@@ -201,8 +212,9 @@ async def _respond(front: Front, request: Request, body: dict[str, Any], call: C
     # Every choice is accepted at once, so an abort of the response id covers them all.
     group = call.rid if len(call.specs) > 1 else None
     submissions = front.accept(call.specs, group)
+    headers = request_id_header([call.rid])
     if stream:
-        return AcceptedStream(_stream(front, call, submissions), lambda: front.release(submissions, group))
+        return AcceptedStream(_stream(front, call, submissions), lambda: front.release(submissions, group), headers)
     try:
         views = await front.collect(call.specs, request, submissions)
     finally:
@@ -210,7 +222,7 @@ async def _respond(front: Front, request: Request, body: dict[str, Any], call: C
     if views is None:
         return Response(status_code=499)
     choices = [_choice(front, call, i, v) for i, v in enumerate(views)]
-    return JSONResponse(envelope(call.rid, call.kind, call.model, choices) | {"usage": usage(views)})
+    return JSONResponse(envelope(call.rid, call.kind, call.model, choices) | {"usage": usage(views)}, headers=headers)
 
 
 def _choice(front: Front, call: Call, index: int, view: CommittedView) -> dict[str, Any]:
@@ -231,44 +243,21 @@ async def _stream(front: Front, call: Call, submissions: list[Submission]) -> As
     choice's `index` (as vLLM and SGLang do)."""
     chunk_kind = "text_completion" if call.kind == "text_completion" else "chat.completion.chunk"
     views = [CommittedView(s.rid, s.prompt_ids, s.logprob, s.params.skip_special_tokens) for s in call.specs]
+
+    def chunk(pieces: list[dict[str, Any]]) -> bytes:
+        return sse(envelope(call.rid, chunk_kind, call.model, pieces) | (
+            {"usage": usage(views)} if call.continuous_usage else {}))
+
     if call.kind != "text_completion":
         for index in range(len(views)):
-            first = {"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-            yield sse(envelope(call.rid, chunk_kind, call.model, [first]))
+            yield chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
     sources = [_choice_chunks(front, call, i, spec, view, sub)
                for i, (spec, view, sub) in enumerate(zip(call.specs, views, submissions))]
     async for piece in interleave(sources):
-        yield sse(envelope(call.rid, chunk_kind, call.model, [piece]))
+        yield chunk([piece])
     if call.include_usage:
         yield sse(envelope(call.rid, chunk_kind, call.model, []) | {"usage": usage(views)})
     yield SSE_DONE
-
-
-async def interleave(sources: list[AsyncGenerator[T, None]]) -> AsyncIterator[T]:
-    """Items of several iterators in the order they arrive (ties in list order). Closing this
-    generator cancels or closes every source, so each runs its own abort-on-disconnect."""
-    pending = {asyncio.ensure_future(_next(source)): source for source in sources}
-    try:
-        while pending:
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in sorted(done, key=lambda t: sources.index(pending[t])):
-                source = pending.pop(task)
-                try:
-                    item = task.result()
-                except StopAsyncIteration:
-                    continue
-                pending[asyncio.ensure_future(_next(source))] = source
-                yield item
-    finally:
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        for source in sources:
-            await source.aclose()
-
-
-async def _next(source: AsyncGenerator[T, None]) -> T:
-    return await source.__anext__()
 
 
 async def _choice_chunks(front: Front, call: Call, index: int, spec: RequestSpec, view: CommittedView,

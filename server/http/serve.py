@@ -12,12 +12,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from types import FrameType
 
-import platformdirs
 import structlog
 import uvicorn
 from fastapi import FastAPI
 
-from server.config import ServerArgs
+from server.config import ServerArgs, default_log_dir
 from server.errors import EngineStoppedError
 from server.http.app import create_app
 from server.http.client import SchedulerClient
@@ -28,10 +27,6 @@ from server.models.demo import model_dir_for
 from server.tokenizer import Tokenizer
 
 log = structlog.get_logger("tokenledger.serve")
-
-
-def default_log_dir() -> Path:
-    return Path(platformdirs.user_state_dir("tokenledger")) / "log"
 
 
 class FrontServer(uvicorn.Server):

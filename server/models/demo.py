@@ -5,6 +5,7 @@ the tokenizer is a byte-level BPE trained on text shipped in this package.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -17,9 +18,14 @@ CORPUS = Path(__file__).with_name("demo_corpus.txt")
 EOS_TOKEN = "<|endoftext|>"
 SPECIAL_TOKENS = (EOS_TOKEN, "<|im_start|>", "<|im_end|>", "<think>", "</think>")
 # Bump when the demo checkpoint's recipe changes so old caches are not reused.
-DEMO_VERSION = 1
+DEMO_VERSION = 2  # 2: a tokenizer_config.json that transformers 4.x loads too
+# ChatML, with the agent shapes: an assistant turn's tool calls, and a tool turn's answer.
 DEFAULT_CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is not none %}{{ m['content'] }}{% endif %}"
+    "{% for c in m['tool_calls'] or [] %}<tool_call>{{ c['function']['name'] }} "
+    "{{ c['function']['arguments'] if c['function']['arguments'] is string else c['function']['arguments'] | tojson }}"
+    "</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
@@ -98,7 +104,21 @@ def build_checkpoint(out_dir: Path, spec: CheckpointSpec) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+    _portable_tokenizer_config(out_dir)
     return out_dir
+
+
+def _portable_tokenizer_config(out_dir: Path) -> None:
+    """transformers 5 saves `"tokenizer_class": "TokenizersBackend"`, a class 4.x does not have, and
+    the chat template in a file of its own that 4.x before 4.50 does not read. The class both
+    versions know for a tokenizer.json-backed tokenizer is PreTrainedTokenizerFast; the template
+    goes in the config as well, where every version looks."""
+    path = out_dir / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config["chat_template"] = DEFAULT_CHAT_TEMPLATE
+    config.pop("backend", None)  # a transformers 5 key; 4.x would pass it on as an init argument
+    path.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def demo_model_dir() -> Path:

@@ -6,13 +6,11 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from server.api_fields import SAMPLING
 from server.errors import InvalidRequestError
 from server.grammar.spec import GrammarSpec, check_syntax, spec_from_fields
 
 MAX_NEW_TOKENS_LIMIT = 1 << 20
-# Accepted by SGLang's API but not implemented here yet: refused by name, never ignored.
-NOT_YET_SUPPORTED = ("n", "frequency_penalty", "presence_penalty",
-                     "repetition_penalty", "min_new_tokens", "logit_bias")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,12 +46,8 @@ class SamplingParams:
         if raw is not None and not isinstance(raw, dict):
             raise InvalidRequestError("sampling_params must be an object", "sampling_params")
         raw = dict(raw or {})
+        SAMPLING.check(raw)  # unknown names, and SGLang's fields we take only at their neutral value
         known = {f.name for f in fields(cls)}
-        for name in raw:
-            if name in NOT_YET_SUPPORTED and raw[name] is not None:
-                raise InvalidRequestError(f"sampling_params.{name} is not supported yet", name)
-            if name not in known and name not in NOT_YET_SUPPORTED:
-                raise InvalidRequestError(f"unknown sampling parameter {name!r}", name)
         values = {k: v for k, v in raw.items() if k in known and v is not None}
         values["stop"] = _as_tuple(values.get("stop", ()), "stop", str)
         values["stop_token_ids"] = _as_tuple(values.get("stop_token_ids", ()), "stop_token_ids", int)

@@ -9,6 +9,7 @@ import time
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
 
@@ -195,20 +196,31 @@ def test_oversized_body_is_413(server):
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
+def _metric_values(server) -> dict[str, float]:
+    """Sample name (with its labels other than model_name) -> value, as prometheus_client parses /metrics."""
+    text = httpx.get(f"{server.url}/metrics").text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()) if k != "model_name")
+            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+    return out
+
+
 def test_metrics_show_kv_used_back_to_zero_after_a_drain(server):
     httpx.post(f"{server.url}/generate", json={"input_ids": [5, 6, 7], "sampling_params": GREEDY}, timeout=60)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        text = httpx.get(f"{server.url}/metrics").text
-        if "tokenledger_kv_used_tokens 0.0" in text and "tokenledger_requests_running 0.0" in text:
+        values = _metric_values(server)
+        if values["tokenledger_kv_used_tokens"] == 0 and values["tokenledger_requests_running"] == 0:
             break
         time.sleep(0.1)
-    assert "tokenledger_kv_used_tokens 0.0" in text
-    for name in ("tokenledger_kv_total_tokens 16384.0", "tokenledger_generated_tokens_total",
-                 "tokenledger_wal_durable_lsn", "tokenledger_step_seconds_bucket",
-                 "tokenledger_time_to_first_token_seconds_bucket", "tokenledger_wal_group_commit_seconds_bucket",
+    assert values["tokenledger_kv_used_tokens"] == 0
+    assert values["tokenledger_kv_total_tokens"] == 16384
+    for name in ("tokenledger_generated_tokens_total", "tokenledger_wal_durable_lsn", "tokenledger_step_seconds_count",
+                 "tokenledger_time_to_first_token_seconds_count", "tokenledger_wal_group_commit_seconds_count",
                  'tokenledger_aborts_total{source="api"}', "tokenledger_discarded_results_total"):
-        assert name in text, name
+        assert name in values, name
 
 
 def test_one_json_log_line_per_request_at_finish_with_text_at_level_3(server):

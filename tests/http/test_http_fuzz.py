@@ -12,7 +12,6 @@ file, with a small context so that any body it accepts finishes fast.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import json
 import subprocess
 import sys
@@ -29,9 +28,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from server_process import ServerProcess
 
+from server.api_fields import SAMPLING
 from server.http.native import GENERATE_FIELDS
 from server.http.openai_api import CHAT_FIELDS, COMPLETION_FIELDS
-from server.sampling.params import NOT_YET_SUPPORTED, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "fuzz-tiny"
@@ -44,7 +43,7 @@ QUICK = settings(max_examples=25, deadline=None, derandomize=True, database=None
 QUICK_BODIES = settings(QUICK, max_examples=40)  # the widest space: a route's every field times every value kind
 QUICK_RAW = settings(QUICK, max_examples=15)  # a small, finite space
 SLOW = settings(QUICK, max_examples=400)
-SAMPLING_NAMES = frozenset(f.name for f in dataclasses.fields(SamplingParams)) | frozenset(NOT_YET_SUPPORTED)
+SAMPLING_NAMES = SAMPLING.names  # implemented, neutral-only and refused: every name the contract knows
 # The fields an error may name: a route's own, and the sampling parameters the OpenAI fields map to.
 KNOWN_PARAMS = GENERATE_FIELDS | COMPLETION_FIELDS | CHAT_FIELDS | SAMPLING_NAMES | {"abort_all"}
 

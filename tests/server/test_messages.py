@@ -17,3 +17,10 @@ def test_a_deltas_message_round_trips_every_field_of_every_delta():
     # msgpack has one sequence type: the (id, logprob) pairs come back as lists.
     want = dataclasses.replace(full, top_logprobs=[[[5, -0.5], [7, -2.0]]])
     assert got.deltas == [want, bare]
+
+
+def test_flush_cache_request_and_reply_round_trip_under_their_own_tags():
+    from server.messages import FlushCacheMsg, FlushCacheReplyMsg
+
+    assert decode(encode(FlushCacheMsg(ticket=7))) == FlushCacheMsg(7)
+    assert decode(encode(FlushCacheReplyMsg(ticket=7, flushed=False, live_requests=3))) == FlushCacheReplyMsg(7, False, 3)

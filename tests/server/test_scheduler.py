@@ -93,3 +93,18 @@ def test_abort_answers_unknown_and_already_finished(tiny_checkpoint, make_engine
     answer = engine.abort("done-1")
     assert answer["status"] == "already_finished" and answer["completion_tokens"] == 2
     assert answer["finish_reason"]["type"] == "length"
+
+
+def test_flush_cache_is_refused_while_requests_are_live_and_done_when_idle(tiny_checkpoint, make_engine):
+    engine = make_engine(tiny_checkpoint("llama"))
+    during: list[bool] = []
+    original = engine.scheduler.runner.launch
+
+    def spy(batch):
+        during.append(engine.scheduler.flush_cache())  # mid-generation: live requests hold committed KV
+        return original(batch)
+
+    engine.scheduler.runner.launch = spy
+    engine.generate(input_ids=_prompt(10), sampling_params=GREEDY)
+    assert during and not any(during)
+    assert engine.scheduler.flush_cache() is True
