@@ -83,7 +83,7 @@ def test_abort_storm_with_mixed_chunk_and_the_cache_is_exact_and_the_log_verifie
     aborted = 0
     for (i, abort_after), (shown, answer, final) in zip(plan, results):
         finish = final["meta_info"]["finish_reason"]["type"]
-        if answer is not None and answer["status"] == "aborted":
+        if answer is not None and answer.get("status") == "aborted":  # else 409: it had finished first
             aborted += 1
             assert finish == "abort" and shown == answer["completion_tokens"] == final["meta_info"]["completion_tokens"]
         else:
