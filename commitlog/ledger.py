@@ -66,7 +66,7 @@ class Ledger:
         writer = WalWriter(wal, cfg, durable_lsn=encoder.next_lsn - 1, durable_hash=encoder.prev_hash)
         ledger = cls(wal, writer, encoder, report)
         try:
-            ledger._start(entries, model_fingerprint, tokenizer_dir, engine_settings(engine or {}))
+            ledger._start(entries, model_fingerprint, tokenizer_dir, None if engine is None else engine_settings(engine))
         except BaseException:  # the first write failed (WriterFailedError): hold neither the lock nor a thread
             with contextlib.suppress(WriterFailedError):
                 writer.close()
@@ -75,11 +75,13 @@ class Ledger:
         return ledger
 
     def _start(self, recovery_entries: list[Entry], fingerprint: str, tokenizer_dir: str,
-               engine: dict[str, Any]) -> None:
+               engine: dict[str, Any] | None) -> None:
         self.instance_id = uuid.uuid4().hex
-        self._pending = recovery_entries + [Entry(Kind.SERVER_START, None, {
-            "instance": self.instance_id, "pid": os.getpid(), "fingerprint": fingerprint,
-            "tokenizer_dir": tokenizer_dir, "engine": engine})]
+        start = {"instance": self.instance_id, "pid": os.getpid(), "fingerprint": fingerprint,
+                 "tokenizer_dir": tokenizer_dir}
+        if engine is not None:  # only a server that logs its schedule records its engine (FORMAT.md)
+            start["engine"] = engine
+        self._pending = recovery_entries + [Entry(Kind.SERVER_START, None, start)]
         start_lsn = self._encoder.next_lsn + len(recovery_entries)
         meta = [(META_INSTANCE_PREFIX + self.instance_id.encode(), str(start_lsn).encode()),
                 (META_FINGERPRINT, fingerprint.encode()), (META_TOKENIZER_DIR, tokenizer_dir.encode())]
@@ -156,11 +158,8 @@ class Ledger:
         return RequestTxn(self.get(rid), self._pending, grammar)
 
     def flush(self, on_durable: DurableCallback | None = None) -> int | None:
-        """Write everything staged since the last flush as ONE group; None when nothing is staged.
-
-        FORWARD records alone are held back for the next group (a launch with no result yet, the
-        first step of the overlap loop): a group of its own would cost an fsync and show no one anything."""
-        if all(entry.kind is Kind.FORWARD for entry in self._pending):
+        """Write everything staged since the last flush as ONE group; None when nothing is staged."""
+        if not self._pending:
             return None
         return self._flush(on_durable, [])
 
