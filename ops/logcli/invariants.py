@@ -12,7 +12,7 @@ from typing import Any
 from commitlog.codec import Kind, pack_lsns
 from commitlog.errors import CorruptRecordError
 from commitlog.schedule import Forward
-from ops.logcli.linkage import UNKNOWN_BEGIN, Member, ResultLinker
+from ops.logcli.linkage import ScheduleCheck
 
 MAX_VIOLATIONS = 1000  # per range: enough to act on, bounded for a log that is wrong everywhere
 # Plain ints: comparing an int with an IntEnum member takes the slower subclass path, per record.
@@ -162,11 +162,11 @@ class RangeChecker:
     def __init__(self) -> None:
         self.res = RangeResult()
         self._open: set[str] = set()
-        self.linker = ResultLinker(self._member_finished)
+        self.schedule = ScheduleCheck(self.res.reqs, self.res.violations.add)
 
     def feed(self, lsn: int, kind: int, rid: str | None, payload: dict[str, Any]) -> None:
         if (kind == _COMMIT or kind == _DISCARD) and rid is not None:
-            self._link(lsn, kind, rid)
+            self.schedule.result(lsn, kind, rid)
         if kind == _COMMIT and self._plain_commit(lsn, rid, payload):  # most records by far
             return
         if (rid is None) != (kind in _SERVER_KINDS):
@@ -207,46 +207,15 @@ class RangeChecker:
 
     def _server(self, lsn: int, kind: int, fact: tuple[Any, ...]) -> None:
         if kind == _FORWARD:
-            self._forward(lsn, *fact)
+            self.schedule.forward(lsn, *fact)
             return
         if kind not in (Kind.SERVER_START.value, Kind.SERVER_STOP.value):
             return
         if kind == _START:
-            self.linker.server_start(fact[0])
+            self.schedule.linker.server_start(fact[0])
         self.res.server_events.append((lsn, kind))
         for rid in sorted(self._open):
             self.res.violations.add(lsn, rid, "I7", f"still running at {Kind(kind).name} (no FINISH before it)")
-
-    def _forward(self, lsn: int, seq: int, pending: int, rids: tuple[str, ...]) -> None:
-        """The schedule: a launch may list only running requests that no abort has reached (I2)."""
-        members: list[Member] = []
-        for rid in rids:
-            req = self.res.reqs.get(rid)
-            if req is not None and req.finish_lsn is not None:
-                self.res.violations.add(lsn, rid, "schedule", f"forward {seq} launched with the request finished "
-                                                              f"(FINISH at LSN {req.finish_lsn})")
-            elif req is not None and req.abort_lsn is not None:
-                self.res.violations.add(lsn, rid, "I2", f"forward {seq} launched after ABORT_REQUESTED at LSN {req.abort_lsn}")
-            members.append((rid, req.begin_lsn if req is not None else UNKNOWN_BEGIN))
-        self.linker.forward(lsn, seq, pending, members)
-        self._report_links()
-
-    def _link(self, lsn: int, kind: int, rid: str) -> None:
-        req = self.res.reqs.get(rid)
-        self.linker.result(lsn, (rid, req.begin_lsn if req is not None else UNKNOWN_BEGIN), Kind(kind).name)
-        self._report_links()
-
-    def _report_links(self) -> None:
-        for problem in self.linker.problems:
-            self.res.violations.add(problem.lsn, problem.rid, "schedule", problem.message)
-        self.linker.problems.clear()
-
-    def _member_finished(self, member: Member) -> bool:
-        rid, begin = member
-        req = self.res.reqs.get(rid)
-        if req is None or begin == UNKNOWN_BEGIN or req.begin_lsn != begin:
-            return True  # began before this range (not known here), or a later incarnation has begun
-        return req.finish_lsn is not None
 
     def _begin(self, lsn: int, rid: str) -> None:
         res = self.res

@@ -9,8 +9,11 @@ told apart by incarnation (the BEGIN LSN), as a rid may be used again once it ha
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Protocol
+
+from commitlog.codec import Kind
 
 UNKNOWN_BEGIN = -1  # the request began before the checked range: its incarnation is not known here
 Member = tuple[str, int]  # rid, BEGIN LSN of the incarnation (UNKNOWN_BEGIN when not known)
@@ -98,3 +101,54 @@ def _find(head: PendingForward, member: Member) -> int | None:
         if m_rid == rid and (m_begin == begin or UNKNOWN_BEGIN in (m_begin, begin)):
             return i
     return None
+
+
+class CheckedRequest(Protocol):
+    """What `verify`'s per-request checks know (ops.logcli.invariants.ReqCheck)."""
+
+    begin_lsn: int
+    abort_lsn: int | None
+    finish_lsn: int | None
+
+
+AddViolation = Callable[[int, "str | None", str, str], None]
+
+
+class ScheduleCheck:
+    """`verify`'s schedule checks over one range: FORWARD records against the requests they list
+    (I2: no launch after an abort), and every result linked to its forward."""
+
+    def __init__(self, reqs: Mapping[str, CheckedRequest], add: AddViolation) -> None:
+        self._reqs = reqs  # the range's requests by rid, the latest incarnation of each
+        self._add = add
+        self.linker = ResultLinker(self._finished)
+
+    def forward(self, lsn: int, seq: int, pending: int, rids: tuple[str, ...]) -> None:
+        members: list[Member] = []
+        for rid in rids:
+            req = self._reqs.get(rid)
+            if req is not None and req.finish_lsn is not None:
+                self._add(lsn, rid, "schedule", f"forward {seq} launched with the request finished "
+                                                f"(FINISH at LSN {req.finish_lsn})")
+            elif req is not None and req.abort_lsn is not None:
+                self._add(lsn, rid, "I2", f"forward {seq} launched after ABORT_REQUESTED at LSN {req.abort_lsn}")
+            members.append((rid, req.begin_lsn if req is not None else UNKNOWN_BEGIN))
+        self.linker.forward(lsn, seq, pending, members)
+        self._report()
+
+    def result(self, lsn: int, kind: int, rid: str) -> None:
+        req = self._reqs.get(rid)
+        self.linker.result(lsn, (rid, req.begin_lsn if req is not None else UNKNOWN_BEGIN), Kind(kind).name)
+        self._report()
+
+    def _report(self) -> None:
+        for problem in self.linker.problems:
+            self._add(problem.lsn, problem.rid, "schedule", problem.message)
+        self.linker.problems.clear()
+
+    def _finished(self, member: Member) -> bool:
+        rid, begin = member
+        req = self._reqs.get(rid)
+        if req is None or begin == UNKNOWN_BEGIN or req.begin_lsn != begin:
+            return True  # began before this range (not known here), or a later incarnation has begun
+        return req.finish_lsn is not None

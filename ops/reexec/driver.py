@@ -16,10 +16,10 @@ from commitlog import DoomSource
 from ops.reexec.checker import ResultChecker
 from ops.reexec.compare import Divergence, Finding, Status, Tolerance
 from ops.reexec.outcomes import compare_outcomes
-from ops.reexec.plan import Event, EventKind, Instance, LoggedRequest, PlannedForward, spread_exclusions
+from ops.reexec.plan import Event, EventKind, Instance, PlannedForward, spread_exclusions
 from ops.reexec.requests import NotReexecutableError, request_from_log
 from ops.reexec.runtime import build_scripted, check_model, server_args
-from ops.reexec.scripted import Script, ScheduleMismatchError, ScriptedScheduler
+from ops.reexec.scripted import ScheduleMismatchError, Script, ScriptedScheduler
 from server.request import Req
 
 Tick = Callable[[], None]
@@ -71,17 +71,13 @@ def _prepare(instance: Instance, options: Options) -> dict[int, Req]:
             logged.excluded = str(exc)
     if not options.isolated:
         spread_exclusions(instance)
-    return {lsn: req for lsn, req in reqs.items() if not _logged(instance, lsn).excluded}
-
-
-def _logged(instance: Instance, begin_lsn: int) -> LoggedRequest:
-    return next(r for r in instance.requests if r.begin_lsn == begin_lsn)
+    return {r.begin_lsn: reqs[r.begin_lsn] for r in instance.requests if not r.excluded and r.begin_lsn in reqs}
 
 
 def _run(instance: Instance, options: Options, reqs: dict[int, Req], findings: dict[int, Finding],
          model_dir: Path, scratch: Path, tick: Tick) -> None:
     assert instance.engine is not None
-    _runtime, sched = build_scripted(server_args(instance.engine, model_dir, instance.tokenizer_dir), scratch)
+    _, sched = build_scripted(server_args(instance.engine, model_dir, instance.tokenizer_dir), scratch)
     checker = ResultChecker(Tolerance(options.isolated))
     checker.findings = findings
     sched.runner.hook = checker  # type: ignore[attr-defined]
@@ -92,7 +88,7 @@ def _run(instance: Instance, options: Options, reqs: dict[int, Req], findings: d
             sched.flush()
             tick()
     except ScheduleMismatchError as exc:
-        _stopped(instance, findings, reqs, exc)
+        _stopped(findings, {lsn: reqs[lsn] for lsn in walk.begun}, exc)
     finally:
         sched.ledger.close()
         if sched.grammars is not None:
@@ -100,14 +96,14 @@ def _run(instance: Instance, options: Options, reqs: dict[int, Req], findings: d
     compare_outcomes(instance, findings, scratch)
 
 
-def _stopped(instance: Instance, findings: dict[int, Finding], reqs: dict[int, Req], exc: ScheduleMismatchError) -> None:
+def _stopped(findings: dict[int, Finding], begun: dict[int, Req], exc: ScheduleMismatchError) -> None:
     """The log's schedule cannot be followed past here: the request it names diverged; what was still
-    running cannot be proven."""
-    for lsn, req in reqs.items():
-        finding = findings[lsn]
-        if req.rid == exc.rid and not req.is_finished:
+    running, or had not begun, cannot be proven."""
+    for lsn, finding in findings.items():
+        req = begun.get(lsn)
+        if req is not None and req.rid == exc.rid and not req.is_finished:
             finding.diverge(Divergence(len(req.output_ids), "schedule", str(exc), "not followable here"))
-        elif not req.is_finished and finding.status is Status.PROVEN:
+        elif (req is None or not req.is_finished) and finding.status is Status.PROVEN:
             finding.exclude(f"re-execution stopped early: {exc.rid!r}'s schedule could not be followed ({exc})")
 
 
@@ -117,6 +113,7 @@ class _Walk:
     def __init__(self, sched: ScriptedScheduler, reqs: dict[int, Req], checker: ResultChecker, isolated: bool) -> None:
         self.sched, self.reqs, self.checker, self.isolated = sched, reqs, checker, isolated
         self.seqs: deque[int] = deque()
+        self.begun: list[int] = []  # BEGIN LSNs of the requests added so far
 
     def apply(self, event: Event) -> None:
         if event.kind is EventKind.BEGIN:
@@ -124,6 +121,7 @@ class _Walk:
             req = self.reqs.get(event.request.begin_lsn)
             if req is not None:
                 self.sched.add_request(req)
+                self.begun.append(event.request.begin_lsn)
         elif event.kind is EventKind.LAUNCH:
             assert event.forward is not None
             self._launch(event.forward)

@@ -5,11 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ops.reexec.scripted import CheckingRunner, ScriptedScheduler
 from server.config import ServerArgs
 from server.errors import TokenLedgerError
 from server.runtime import Runtime, build_runtime, model_fingerprint
-
-from ops.reexec.scripted import CheckingRunner, ScriptedScheduler
 
 
 class ModelUnavailableError(TokenLedgerError):

@@ -3,6 +3,7 @@ checkpoint proves every request (exit 0); other weights of the same shape, or an
 whose hash chain was recomputed, are caught (exit 1) by request and output position."""
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 from typing import Any
@@ -102,3 +103,34 @@ def test_isolated_reexecution_proves_tokens_within_the_tolerance(served: ServedL
     body = ran.json()
     assert body["mode"] == "isolated" and body["logprob_tolerance"] == 1e-4
     assert all(r["status"] == "proven" for r in body["requests"])
+
+
+def test_logprob_one_ulp_off_diverges_bit_for_bit_but_passes_isolated(served: ServedLog, tmp_path: Path) -> None:
+    log = tmp_path / "ulp"
+    shutil.copytree(served.log, log)
+    records = entries(served.log)
+    commit = next(e for _, _, e in records if e.kind is Kind.COMMIT and e.rid == "g2" and e.payload["lp"])
+    logged = commit.payload["lp"][0]
+    commit.payload["lp"] = [math.nextafter(logged, 0.0)]
+    rewrite_rechained(log, records)
+    exact = {r["rid"]: r for r in cli("replay", "--log-dir", log, "--reexecute", "--json").json()["requests"]}
+    assert exact["g2"]["divergence"] == {"position": 0, "what": "logprob", "logged": commit.payload["lp"][0],
+                                         "recomputed": logged}
+    ran = cli("replay", "--log-dir", log, "--reexecute", "--isolated", "--rid", "g2", "--json")
+    assert ran.rc == 0 and ran.json()["requests"][0]["status"] == "proven", ran.out
+
+
+def test_forward_record_edited_with_rechained_log_is_a_schedule_divergence(served: ServedLog, tmp_path: Path) -> None:
+    log = tmp_path / "schedule"
+    shutil.copytree(served.log, log)
+    records = entries(served.log)
+    forward = next(e for _, _, e in records if e.kind is Kind.FORWARD and e.payload["mode"] == "decode"
+                   and "g5" in e.payload["rids"])
+    at = forward.payload["rids"].index("g5")
+    forward.payload["pre"][at] += 1  # a decode position this request never had
+    rewrite_rechained(log, records)
+    assert cli("verify", "--log-dir", log).rc == 0
+    ran = cli("replay", "--log-dir", log, "--reexecute", "--json")
+    assert ran.rc == 1 and "Traceback" not in ran.err
+    found = {r["rid"]: r for r in ran.json()["requests"]}
+    assert found["g5"]["status"] == "diverged" and found["g5"]["divergence"]["what"] == "schedule"

@@ -13,7 +13,6 @@ from logcli_helpers import begin, cli, commit, finish, write_log, write_pristine
 from test_cli_verify_schedule import START, STOP, fwd
 
 
-
 @pytest.fixture(scope="module")
 def copied_model_log(tiny_checkpoint: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A log served from a copy of the checkpoint, so the tests can change or remove the copy."""
