@@ -134,3 +134,22 @@ def test_forward_record_edited_with_rechained_log_is_a_schedule_divergence(serve
     assert ran.rc == 1 and "Traceback" not in ran.err
     found = {r["rid"]: r for r in ran.json()["requests"]}
     assert found["g5"]["status"] == "diverged" and found["g5"]["divergence"]["what"] == "schedule"
+
+
+def test_edited_stop_string_match_is_an_outcome_divergence(served: ServedLog, tmp_path: Path) -> None:
+    """Tokens and logprobs untouched: only what the result path decided (the stop string it matched)
+    differs, in the finishing COMMIT and the FINISH alike, so every verify check still holds."""
+    log = tmp_path / "finish"
+    shutil.copytree(served.log, log)
+    records = entries(served.log)
+    for _, _, e in records:
+        if e.rid == "stopper" and e.kind is Kind.COMMIT and e.payload["fin"]:
+            e.payload["fin"] = ["stop", "zzz"]
+        elif e.rid == "stopper" and e.kind is Kind.FINISH:
+            e.payload["matched"] = "zzz"
+    rewrite_rechained(log, records)
+    assert cli("verify", "--log-dir", log).rc == 0
+    found = {r["rid"]: r for r in cli("replay", "--log-dir", log, "--reexecute", "--json").json()["requests"]}
+    divergence = found["stopper"]["divergence"]
+    assert divergence["what"] == "outcome" and "'zzz'" in divergence["logged"], divergence
+    assert [rid for rid, r in found.items() if r["status"] != "proven"] == ["stopper"]
