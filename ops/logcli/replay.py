@@ -29,8 +29,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help="rebuild requests from the log: a table, or one request's timeline",
                        description=__doc__)
     add_log_dir(p)
-    p.add_argument("--rid", action="append", default=None,
-                   help="show this request's timeline (with --reexecute: re-execute these; repeatable)")
+    p.add_argument("--rid", action="extend", nargs="+", default=None, metavar="R",
+                   help="show this request's timeline (with --reexecute: re-execute these requests only)")
     p.add_argument("--until-lsn", type=int, default=None, metavar="N", help="the state as of LSN N")
     add_tokenizer(p)
     reexec_cmd.add_arguments(p)
