@@ -153,3 +153,23 @@ def test_edited_stop_string_match_is_an_outcome_divergence(served: ServedLog, tm
     divergence = found["stopper"]["divergence"]
     assert divergence["what"] == "outcome" and "'zzz'" in divergence["logged"], divergence
     assert [rid for rid, r in found.items() if r["status"] != "proven"] == ["stopper"]
+
+
+@pytest.mark.parametrize("settings", [{"enable_mixed_chunk": True}, {"disable_overlap_schedule": True}],
+                         ids=["mixed-chunk", "no-overlap"])
+def test_other_schedules_reexecute_bit_for_bit(tiny_checkpoint: Any, tmp_path: Path, settings: dict[str, Any]) -> None:
+    from server import Engine
+
+    engine = Engine(model_path=str(tiny_checkpoint("llama")), log_dir=str(tmp_path / "log"), max_total_tokens=4096,
+                    chunked_prefill_size=16, log_durability="none", **settings)
+    try:
+        engine.generate(input_ids=[[(5 * i + j) % 300 + 3 for j in range(6 + 11 * i)] for i in range(6)],
+                        sampling_params=[{"max_new_tokens": 10, "ignore_eos": True, "temperature": 0.7 * (i % 2),
+                                          "seed": i} for i in range(6)], return_logprob=True)
+    finally:
+        engine.shutdown()
+    modes = {p["mode"] for k, _, p in kinds(tmp_path / "log") if k is Kind.FORWARD}
+    assert "mixed" in modes if settings.get("enable_mixed_chunk") else modes == {"extend", "decode"}
+    ran = cli("replay", "--log-dir", tmp_path / "log", "--reexecute", "--json")
+    assert ran.rc == 0, ran.out + ran.err
+    assert [r["tokens_checked"] for r in ran.json()["requests"]] == [10] * 6
