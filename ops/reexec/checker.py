@@ -7,8 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from commitlog import Kind, Record
-from ops.reexec.compare import Divergence, Finding, Tolerance
+from ops.reexec.compare import LOGPROB_TOLERANCE, Divergence, Finding, Tolerance
 from server.forward_batch import BatchResult, ForwardBatch
 from server.request import Req
 
@@ -19,15 +21,18 @@ class _Slot:
 
     sample: int | None  # index among sampling members
     input_logprobs: slice
+    hidden: int | None  # row of the packed hidden states
 
 
 def _slots(batch: ForwardBatch) -> list[_Slot]:
-    slots, sample, ilp = [], 0, 0
+    slots, sample, ilp, hidden = [], 0, 0, 0
     for i, samples in enumerate(batch.samples):
         n = len(batch.input_logprob_targets[i])
-        slots.append(_Slot(sample if samples else None, slice(ilp, ilp + n)))
+        has_hidden = samples and batch.reqs[i].logprob.return_hidden_states
+        slots.append(_Slot(sample if samples else None, slice(ilp, ilp + n), hidden if has_hidden else None))
         sample += int(samples)
         ilp += n
+        hidden += int(has_hidden)
     return slots
 
 
@@ -46,6 +51,8 @@ class ResultChecker:
             outcome, finding = self.outcomes[i], self.findings[self.keys[i]]
             if outcome is not None and outcome.kind is Kind.COMMIT:
                 self._input_logprobs(finding, batch.input_logprob_targets[i], outcome.payload["ilp"], result, slot)
+                if slot.hidden is not None and outcome.payload["hs"]:
+                    self._hidden(finding, req.scheduled_tokens - 1, outcome.payload["hs"][0], result, slot.hidden)
                 if slot.sample is not None and outcome.payload["ids"]:
                     self._token(finding, req, outcome.payload, result, slot.sample)
             elif outcome is not None and slot.sample is not None:
@@ -59,6 +66,15 @@ class ResultChecker:
             if not self.tolerance.equal(old, new):
                 finding.diverge(Divergence(pos, "input logprob", old, new))
         result.input_logprobs[slot.input_logprobs] = list(logged)
+
+    def _hidden(self, finding: Finding, position: int, logged: bytes, result: BatchResult, row: int) -> None:
+        """Hidden states are logged as float32 bytes: equal bytes, or (--isolated) close values."""
+        old = np.frombuffer(logged, dtype=np.float32)
+        new = result.hidden_states[row].numpy().astype(np.float32)
+        same = old.tobytes() == new.tobytes() or (self.tolerance.isolated and old.shape == new.shape and bool(
+            np.allclose(old, new, rtol=LOGPROB_TOLERANCE, atol=LOGPROB_TOLERANCE)))
+        if not same:
+            finding.diverge(Divergence(position, "hidden state", old[:4].tolist(), new[:4].tolist()))
 
     def _token(self, finding: Finding, req: Req, logged: Any, result: BatchResult, j: int) -> None:
         position = req.scheduled_tokens - 1  # this forward's token is already counted as scheduled

@@ -61,6 +61,8 @@ def serve_log(model: Path, log: Path) -> ServedLog:
         probe = engine.generate(input_ids=[40, 41, 42, 43, 44], sampling_params={"max_new_tokens": 24, "temperature": 0,
                                                                                  "ignore_eos": True}, rid="probe")
         stop = probe["text"][4:7]
+        engine.generate(input_ids=[3, 1, 4, 1, 5], sampling_params={"max_new_tokens": 5, "temperature": 0},
+                        return_hidden_states=True, rid="hidden")
         prompts, params, rids = _batch(stop)
         outputs: dict[str, Any] = {}
         victims = ["victim-a", "victim-b"]

@@ -21,7 +21,8 @@ def _commit(payload: dict[str, Any]) -> Record:
 
 
 def _run(isolated: bool, token: int, lp: float, greedy: bool = True) -> tuple[BatchResult, Finding]:
-    req = SimpleNamespace(scheduled_tokens=3, params=SimpleNamespace(is_greedy=greedy))
+    req = SimpleNamespace(scheduled_tokens=3, params=SimpleNamespace(is_greedy=greedy),
+                          logprob=SimpleNamespace(return_hidden_states=False))
     batch = SimpleNamespace(reqs=[req], samples=[True], input_logprob_targets=[[]])
     result = BatchResult([token], [lp], [[token, 2]], [[lp, -3.0]], [], torch.zeros(0, 4))
     checker = ResultChecker(Tolerance(isolated))

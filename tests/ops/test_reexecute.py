@@ -42,7 +42,7 @@ def test_the_served_log_has_what_the_proof_must_cover(served: ServedLog) -> None
 
 def test_reexecution_with_the_serving_checkpoint_proves_every_request(served: ServedLog,
                                                                       reexecuted: dict[str, Any]) -> None:
-    assert set(reexecuted) == {"probe", *served.outputs}
+    assert set(reexecuted) == {"probe", "hidden", *served.outputs}
     assert all(r["status"] == "proven" for r in reexecuted.values())
     for rid, out in served.outputs.items():
         assert reexecuted[rid]["tokens_checked"] == len(out["output_ids"]), rid
@@ -173,3 +173,17 @@ def test_other_schedules_reexecute_bit_for_bit(tiny_checkpoint: Any, tmp_path: P
     ran = cli("replay", "--log-dir", tmp_path / "log", "--reexecute", "--json")
     assert ran.rc == 0, ran.out + ran.err
     assert [r["tokens_checked"] for r in ran.json()["requests"]] == [10] * 6
+
+
+def test_edited_hidden_state_is_a_divergence(served: ServedLog, tmp_path: Path) -> None:
+    log = tmp_path / "hidden"
+    shutil.copytree(served.log, log)
+    records = entries(served.log)
+    commit = [e for _, _, e in records if e.kind is Kind.COMMIT and e.rid == "hidden" and e.payload["hs"]][2]
+    row = bytearray(commit.payload["hs"][0])
+    row[0] ^= 1  # the lowest mantissa bit of the first float
+    commit.payload["hs"] = [bytes(row)]
+    rewrite_rechained(log, records)
+    found = {r["rid"]: r for r in cli("replay", "--log-dir", log, "--reexecute", "--json").json()["requests"]}
+    assert (found["hidden"]["divergence"]["what"], found["hidden"]["divergence"]["position"]) == ("hidden state", 2)
+    assert [rid for rid, r in found.items() if r["status"] != "proven"] == ["hidden"]
