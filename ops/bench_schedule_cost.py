@@ -72,13 +72,17 @@ def encode_cost_us(members: int, repeats: int = 20000) -> float:
     return 1e6 * (time.perf_counter() - started) / repeats
 
 
-def main(argv: list[str] | None = None) -> None:
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model-path", default=None)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--log-durability", default="fsync")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse(argv)
     from transformers import AutoTokenizer
 
     from server.models.demo import model_dir_for

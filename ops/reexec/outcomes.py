@@ -14,8 +14,8 @@ Outcome = tuple[str, dict[str, Any]]
 
 
 def _view(records: list[Record]) -> list[Outcome]:
-    """The records a result produces. Hidden states are opaque bytes and an interrupted FINISH is
-    written by recovery, not by a result: both are left out."""
+    """The records a result produces. Hidden states were checked as they were computed (the checker)
+    and are not put back in place; an interrupted FINISH is written by recovery, not by a result."""
     view = []
     for r in records:
         if r.kind not in _OUTCOMES or (r.kind is Kind.FINISH and r.payload.get("reason") == "interrupted"):
