@@ -64,7 +64,7 @@ class Event:
 class Instance:
     """One SERVER_START and what followed it up to the next one."""
 
-    start_lsn: int
+    start_lsn: int | None  # None: its SERVER_START is not in the log
     fingerprint: str
     engine: dict[str, Any] | None  # None: written before the schedule was logged
     tokenizer_dir: str | None
@@ -92,11 +92,12 @@ class _Builder:
             p = record.payload
             self.instances.append(Instance(record.lsn, str(p.get("fingerprint", "")), engine, p.get("tokenizer_dir")))
             self.linker.server_start(engine is not None)
-        elif not self.instances:
-            return  # before the first SERVER_START (a salvaged or retained log): nothing to replay
         elif kind is Kind.FORWARD:
-            self._forward(record)
+            if self.instances and self.instances[-1].engine is not None:
+                self._forward(record)  # else nothing can be re-run, and a salvage may have lost members
         elif record.rid is not None:
+            if not self.instances:  # retention (or a salvage) dropped this instance's SERVER_START
+                self.instances.append(Instance(None, "", None, None))
             self._request_record(record)
 
     def _forward(self, record: Record) -> None:
@@ -167,7 +168,9 @@ def build_plan(records: Iterable[Record]) -> list[Instance]:
 def _exclude(instance: Instance) -> None:
     """Marks what cannot be re-executed at all."""
     for req in instance.requests:
-        if instance.engine is None:
+        if instance.engine is None and instance.start_lsn is None:
+            req.excluded = "its server's SERVER_START is not in the log (dropped by retention, or lost in a salvage)"
+        elif instance.engine is None:
             req.excluded = "logged by a server that did not record its schedule"
         elif req.first_prefix:
             req.excluded = f"prefix cache hit ({req.first_prefix} prompt token(s) reused from the cache)"

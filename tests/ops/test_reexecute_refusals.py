@@ -91,3 +91,13 @@ def test_forward_naming_a_request_that_is_not_running_is_a_damaged_log(tmp_path:
     ran = cli("replay", "--log-dir", log, "--reexecute")
     assert ran.rc == 2 and "'ghost', which is not running" in ran.err, ran.err
     _no_traceback(ran)
+
+
+def test_request_whose_server_start_was_dropped_is_listed_not_reexecutable(tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    write_log(log, [[begin("kept")], [fwd(1, ["kept"], [0], [3]), commit("kept", [9], wm=3)],
+                    [finish("kept", "length", 1, 3)]])
+    ran = cli("replay", "--log-dir", log, "--reexecute", "--json")
+    assert ran.rc == 1, ran.err
+    (req,) = ran.json()["requests"]
+    assert req["rid"] == "kept" and "SERVER_START is not in the log" in req["reason"]
