@@ -24,6 +24,16 @@ def _post(server: ServerProcess, body: dict[str, Any], out: dict[str, Any]) -> N
     out[body["rid"]] = r.json() if r.status_code == 200 else r.text
 
 
+def _when_decoding(server: ServerProcess, rid: str, timeout: float = 60) -> None:
+    """Returns once the log shows `rid` has committed a token: an abort then lands mid-decode."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        r = httpx.get(f"{server.url}/requests/{rid}", timeout=10)
+        if r.status_code == 200 and r.json().get("completion_tokens", 0) >= 1:
+            return
+        time.sleep(0.02)
+
+
 def _load(server: ServerProcess) -> dict[str, Any]:
     out: dict[str, Any] = {}
     bodies = []
@@ -40,8 +50,8 @@ def _load(server: ServerProcess) -> dict[str, Any]:
     threads = [threading.Thread(target=_post, args=(server, b, out)) for b in bodies]
     for t in threads:
         t.start()
-    time.sleep(1.0)
     for rid in ("victim-1", "victim-2"):
+        _when_decoding(server, rid)
         httpx.post(f"{server.url}/abort_request", json={"rid": rid}, timeout=30)
     for t in threads:
         t.join(180)
