@@ -36,6 +36,7 @@ class Kind(enum.IntEnum):
     RECOVERED = 7
     SERVER_STOP = 8
     CHECKPOINT = 9
+    FORWARD = 10  # one launched forward: its mode and members in packed order (the schedule)
 
 
 @dataclass(slots=True)

@@ -17,6 +17,7 @@ from commitlog.head import ChainHead
 from commitlog.reader import LogReader
 from commitlog.recovery import RecoveryReport, preflight, recover
 from commitlog.rids import rid_problem
+from commitlog.schedule import engine_settings, forward_entry
 from commitlog.state import (
     DoomSource,
     FinishReason,
@@ -43,13 +44,16 @@ class Ledger:
         self._live: dict[str, RequestState] = {}
         self._pending: list[Entry] = []
         self._deletes: list[tuple[bytes, bytes | None]] = []
+        self._num_forwards = 0
 
     @classmethod
     def open(cls, log_dir: str | os.PathLike[str], config: WalConfig | None = None,
-             model_fingerprint: str = "", tokenizer_dir: str = "") -> Ledger:
+             model_fingerprint: str = "", tokenizer_dir: str = "", engine: Mapping[str, Any] | None = None) -> Ledger:
         """Open for writing: recover (may raise CorruptRecordError), then log SERVER_START.
 
-        `tokenizer_dir` is recorded so that post-mortem tools can decode text without being told.
+        `tokenizer_dir` is recorded so that post-mortem tools can decode text without being told;
+        `engine`, the settings that change numerics (`commitlog.schedule.ENGINE_KEYS`), so that
+        `replay --reexecute` can rebuild the same engine.
         """
         cfg = config or WalConfig()
         preflight(log_dir)
@@ -62,7 +66,7 @@ class Ledger:
         writer = WalWriter(wal, cfg, durable_lsn=encoder.next_lsn - 1, durable_hash=encoder.prev_hash)
         ledger = cls(wal, writer, encoder, report)
         try:
-            ledger._start(entries, model_fingerprint, tokenizer_dir)
+            ledger._start(entries, model_fingerprint, tokenizer_dir, None if engine is None else engine_settings(engine))
         except BaseException:  # the first write failed (WriterFailedError): hold neither the lock nor a thread
             with contextlib.suppress(WriterFailedError):
                 writer.close()
@@ -70,11 +74,14 @@ class Ledger:
             raise
         return ledger
 
-    def _start(self, recovery_entries: list[Entry], fingerprint: str, tokenizer_dir: str) -> None:
+    def _start(self, recovery_entries: list[Entry], fingerprint: str, tokenizer_dir: str,
+               engine: dict[str, Any] | None) -> None:
         self.instance_id = uuid.uuid4().hex
-        self._pending = recovery_entries + [Entry(Kind.SERVER_START, None, {
-            "instance": self.instance_id, "pid": os.getpid(), "fingerprint": fingerprint,
-            "tokenizer_dir": tokenizer_dir})]
+        start = {"instance": self.instance_id, "pid": os.getpid(), "fingerprint": fingerprint,
+                 "tokenizer_dir": tokenizer_dir}
+        if engine is not None:  # only a server that logs its schedule records its engine (FORMAT.md)
+            start["engine"] = engine
+        self._pending = recovery_entries + [Entry(Kind.SERVER_START, None, start)]
         start_lsn = self._encoder.next_lsn + len(recovery_entries)
         meta = [(META_INSTANCE_PREFIX + self.instance_id.encode(), str(start_lsn).encode()),
                 (META_FINGERPRINT, fingerprint.encode()), (META_TOKENIZER_DIR, tokenizer_dir.encode())]
@@ -129,6 +136,15 @@ class Ledger:
             raise TxnStateError(f"request {rid!r} already finished ({state.finish_reason})")
         state.finish_reason, state.finish_matched = reason, matched
         self._pending.append(finish_entry(state))
+
+    def log_forward(self, mode: str, rids: list[str], prefixes: list[int], lengths: list[int], pending: int) -> int:
+        """Stage the FORWARD record of a forward being launched (the schedule); returns its seq.
+
+        Staged before that forward's results, so LSN order is launch order, and it joins the
+        step's group: it costs no write of its own."""
+        self._num_forwards += 1
+        self._pending.append(forward_entry(self._num_forwards, mode, pending, rids, prefixes, lengths))
+        return self._num_forwards
 
     def staged_lsn(self) -> int:
         """The LSN the most recently staged entry will be written at (e.g. an ABORT_REQUESTED)."""

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,6 +50,20 @@ def model_fingerprint(model_dir: Path) -> str:
     return f"{model_dir.name}:{digest.hexdigest()[:16]}"
 
 
+def engine_settings(args: ServerArgs, model_dir: Path, policy: SchedulePolicy, kv_tokens: int) -> dict[str, object]:
+    """What SERVER_START records of the engine (commitlog.schedule.ENGINE_KEYS): every setting that
+    changes a forward's numerics or the KV layout, so `replay --reexecute` can rebuild this engine."""
+    return {
+        "model_path": str(model_dir.resolve()), "tokenizer_path": args.tokenizer_path, "dtype": args.dtype,
+        "attention_backend": args.attention_backend, "linear_backend": args.linear_backend,
+        "num_threads": torch.get_num_threads(), "mixed_chunk": policy.mixed_chunk, "overlap": policy.overlap,
+        "chunked_prefill_size": policy.chunked_prefill_size, "max_prefill_tokens": policy.max_prefill_tokens,
+        "kv_tokens": kv_tokens, "max_running_requests": policy.max_running_requests,
+        "context_len": policy.context_len, "reasoning_parser": args.reasoning_parser, "compiled": "eager",
+        "software": f"torch {torch.__version__} {platform.machine()} {torch.backends.cpu.get_cpu_capability()}",
+    }
+
+
 def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink, beside_front: bool = False) -> Runtime:
     """`beside_front`: the scheduler process of `serve`, sharing the machine with the HTTP front."""
     torch.set_num_threads(args.compute_threads(beside_front))
@@ -73,7 +88,7 @@ def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink, beside_front
                                         tokenizer.token_id(THINK_END)) if args.reasoning_parser else None)
     tokenizer_dir = str(Path(args.tokenizer_path or model_dir).resolve())
     ledger = Ledger.open(log_dir, WalConfig(durability=Durability(args.log_durability)), model_fingerprint(model_dir),
-                         tokenizer_dir)
+                         tokenizer_dir, engine_settings(args, model_dir, policy, kv_pool.capacity))
     rules = FinishRules(frozenset(eos), context_len, tokenizer.decode)
     cache = None if args.disable_radix_cache else RadixCache(kv_pool)
     scheduler = Scheduler(policy, runner, req_pool, kv_pool, ledger, rules, sink, grammars, reasoning, cache)

@@ -121,6 +121,9 @@ class Scheduler:
         for req, sampled in zip(batch.reqs, batch.samples):
             req.inflight_batches += 1
             req.inflight_tokens += sampled
+        # The schedule, for `replay --reexecute`: staged before this forward's results (launch order).
+        self.ledger.log_forward(batch.mode.value, [r.rid for r in batch.reqs], batch.prefix_lens, batch.extend_lens,
+                                len(self.inflight))
         started = time.perf_counter()
         handle = self.runner.launch(batch)
         elapsed = time.perf_counter() - started

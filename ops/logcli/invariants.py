@@ -10,12 +10,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from commitlog.codec import Kind, pack_lsns
+from commitlog.errors import CorruptRecordError
+from commitlog.schedule import Forward
+from ops.logcli.linkage import ScheduleCheck
 
 MAX_VIOLATIONS = 1000  # per range: enough to act on, bounded for a log that is wrong everywhere
 # Plain ints: comparing an int with an IntEnum member takes the slower subclass path, per record.
 _COMMIT, _DISCARD, _ABORT, _FINISH, _BEGIN = (int(k) for k in (Kind.COMMIT, Kind.DISCARD, Kind.ABORT_REQUESTED,
                                                                 Kind.FINISH, Kind.BEGIN))
-_SERVER_KINDS = frozenset(int(k) for k in (Kind.SERVER_START, Kind.SERVER_STOP, Kind.RECOVERED, Kind.CHECKPOINT))
+_SERVER_KINDS = frozenset(int(k) for k in (Kind.SERVER_START, Kind.SERVER_STOP, Kind.RECOVERED, Kind.CHECKPOINT,
+                                            Kind.FORWARD))
+_FORWARD, _START = int(Kind.FORWARD), int(Kind.SERVER_START)
 _EMPTY: tuple[Any, ...] = ()
 Fact = tuple[int, int, tuple[Any, ...]]  # lsn, kind, what the checks need from the payload
 Incarnation = tuple[str, int, int, bytes]  # rid, BEGIN LSN, number of records, lsn_digest of their LSNs
@@ -86,6 +91,11 @@ def payload_fact(kind: int, p: dict[str, Any]) -> tuple[Any, ...]:
         return str(p["reason"]), int(p["n_out"]), int(p["kv"])
     if kind == _BEGIN:
         return (len(p["prompt"]),)
+    if kind == _FORWARD:
+        forward = Forward.from_payload(p)
+        return forward.seq, forward.pending, tuple(s.rid for s in forward.segments)
+    if kind == _START:
+        return (p.get("engine") is not None,)
     return _EMPTY
 
 
@@ -159,8 +169,11 @@ class RangeChecker:
     def __init__(self) -> None:
         self.res = RangeResult()
         self._open: set[str] = set()
+        self.schedule = ScheduleCheck(self.res.reqs, self.res.violations.add)
 
     def feed(self, lsn: int, kind: int, rid: str | None, payload: dict[str, Any]) -> None:
+        if (kind == _COMMIT or kind == _DISCARD) and rid is not None:
+            self.schedule.result(lsn, kind, rid)
         if kind == _COMMIT and self._plain_commit(lsn, rid, payload):  # most records by far
             return
         if (rid is None) != (kind in _SERVER_KINDS):
@@ -168,11 +181,11 @@ class RangeChecker:
             return
         try:
             fact = payload_fact(kind, payload)
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
+        except (KeyError, TypeError, ValueError, IndexError, CorruptRecordError) as exc:
             self.res.violations.add(lsn, rid, "format", f"{Kind(kind).name} payload malformed ({exc!r})")
             return
         if rid is None:
-            self._server(lsn, kind)
+            self._server(lsn, kind, fact)
         elif kind == _BEGIN:
             self._begin(lsn, rid)
         else:
@@ -199,9 +212,14 @@ class RangeChecker:
         req.lsns.append(lsn)
         return True
 
-    def _server(self, lsn: int, kind: int) -> None:
+    def _server(self, lsn: int, kind: int, fact: tuple[Any, ...]) -> None:
+        if kind == _FORWARD:
+            self.schedule.forward(lsn, *fact)
+            return
         if kind not in (Kind.SERVER_START.value, Kind.SERVER_STOP.value):
             return
+        if kind == _START:
+            self.schedule.linker.server_start(fact[0])
         self.res.server_events.append((lsn, kind))
         for rid in sorted(self._open):
             self.res.violations.add(lsn, rid, "I7", f"still running at {Kind(kind).name} (no FINISH before it)")

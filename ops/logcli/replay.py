@@ -11,6 +11,7 @@ from rich.table import Table
 
 from commitlog import Kind, Record
 from commitlog.audit import audit_incarnations, iter_audits, writer_alive
+from ops.logcli import reexec_cmd
 from ops.logcli.common import (
     TextDecoder,
     add_log_dir,
@@ -28,13 +29,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help="rebuild requests from the log: a table, or one request's timeline",
                        description=__doc__)
     add_log_dir(p)
-    p.add_argument("--rid", default=None, help="show this request's timeline")
+    p.add_argument("--rid", action="extend", nargs="+", default=None, metavar="R",
+                   help="show this request's timeline (with --reexecute: re-execute these requests only)")
     p.add_argument("--until-lsn", type=int, default=None, metavar="N", help="the state as of LSN N")
     add_tokenizer(p)
+    reexec_cmd.add_arguments(p)
     p.set_defaults(run=guarded(run))
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.reexecute:
+        if args.until_lsn is not None:
+            return fail("--until-lsn and --reexecute do not go together: re-execution proves the whole log")
+        return reexec_cmd.run(args)
+    if args.model_path or args.isolated or args.json:
+        return fail("--model-path, --isolated and --json go with --reexecute")
+    if args.rid is not None and len(args.rid) > 1:
+        return fail("give one --rid for a timeline (several go with --reexecute)")
+    args.rid = args.rid[0] if args.rid else None
     with open_log(args.log_dir) as reader:
         if args.rid is None:
             with progress_bar("replay", reader.last_lsn()) as tick:

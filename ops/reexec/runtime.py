@@ -1,0 +1,54 @@
+"""The engine a logged instance ran, rebuilt from its SERVER_START: same checkpoint (by fingerprint),
+dtype, backends, thread count, pool sizes and schedule settings, logging into a scratch directory."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ops.reexec.scripted import CheckingRunner, ScriptedScheduler
+from server.config import ServerArgs
+from server.errors import TokenLedgerError
+from server.runtime import Runtime, build_runtime, model_fingerprint
+
+
+class ModelUnavailableError(TokenLedgerError):
+    """The checkpoint to re-execute with is missing, not loadable, or not the logged one."""
+
+
+def check_model(engine: dict[str, Any], logged_fingerprint: str, model_path: str | None) -> Path:
+    """The checkpoint directory to load. Without --model-path it must be the logged one, by fingerprint:
+    a changed checkpoint at the same path would otherwise be blamed on the log."""
+    path = Path(model_path or engine["model_path"])
+    if not (path / "config.json").is_file():
+        raise ModelUnavailableError(f"no checkpoint at {path} (the server logged {engine['model_path']}); "
+                                    "give --model-path")
+    if model_path is None and model_fingerprint(path) != logged_fingerprint:
+        raise ModelUnavailableError(f"the checkpoint at {path} has fingerprint {model_fingerprint(path)}, the log "
+                                    f"{logged_fingerprint}: it is not the checkpoint that served; give --model-path "
+                                    "to re-execute with it anyway")
+    return path
+
+
+def server_args(engine: dict[str, Any], model_dir: Path, tokenizer_dir: str | None) -> ServerArgs:
+    tokenizer = engine.get("tokenizer_path") or (tokenizer_dir if tokenizer_dir and Path(tokenizer_dir).is_dir() else None)
+    return ServerArgs.from_kwargs(
+        model_path=str(model_dir), tokenizer_path=tokenizer, dtype=engine["dtype"],
+        attention_backend=engine["attention_backend"], linear_backend=engine["linear_backend"],
+        num_threads=engine["num_threads"], enable_mixed_chunk=engine["mixed_chunk"],
+        disable_overlap_schedule=not engine["overlap"], chunked_prefill_size=engine["chunked_prefill_size"],
+        max_prefill_tokens=engine["max_prefill_tokens"], max_total_tokens=engine["kv_tokens"],
+        max_running_requests=engine["max_running_requests"], context_length=engine["context_len"],
+        reasoning_parser=engine["reasoning_parser"], log_durability="none")
+
+
+def build_scripted(args: ServerArgs, scratch: Path) -> tuple[Runtime, ScriptedScheduler]:
+    """The server's runtime, with the scheduler's batch choice scripted and the runner checked."""
+    try:
+        runtime = build_runtime(args, scratch, lambda _deltas, _error: None)
+    except (TokenLedgerError, OSError, ValueError, KeyError) as exc:
+        raise ModelUnavailableError(f"the model at {args.model_path} could not be loaded: {exc}") from None
+    s = runtime.scheduler
+    runner = CheckingRunner(s.runner.model, s.kv_pool, s.policy.future_slots, args.attention_backend)
+    scripted = ScriptedScheduler(s.policy, runner, s.req_pool, s.kv_pool, s.ledger, s.rules, s.sink, s.grammars,
+                                 s.reasoning)
+    return runtime, scripted
