@@ -62,7 +62,7 @@ class PrefixCache:
         """Should `req` wait for a prefill in flight that will put much of its prompt in the tree?"""
         if self.tree is None or not prefilling:
             return False
-        cached = self.tree.match_prefix(req.prompt_ids, _max_prefix(req)).length
+        cached = self.tree.peek_prefix_len(req.prompt_ids, _max_prefix(req))
         shared = max(_common_len(req.prompt_ids, other.prompt_ids) for other in prefilling)
         return min(shared, _max_prefix(req)) >= cached + MIN_SHARED_TO_WAIT
 
@@ -73,7 +73,7 @@ class PrefixCache:
         them). Skipped when another request's copy is in the tree already."""
         if self.tree is None or req.pool_row is None or req.owned_len >= req.prompt_len:
             return 0
-        if self.tree.match_prefix(req.prompt_ids, req.prompt_len).length != req.owned_len:
+        if self.tree.peek_prefix_len(req.prompt_ids, req.prompt_len) != req.owned_len:
             return 0  # someone else's copy: ours stays ours, and is freed at finish
         slots = self.req_pool.table[req.pool_row, : req.prompt_len]
         already, node = self.tree.insert(req.prompt_ids, slots.clone())

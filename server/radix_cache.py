@@ -73,6 +73,18 @@ class RadixCache:
         slots = torch.cat(parts) if parts else self.root.slots
         return PrefixMatch(slots, node)
 
+    def peek_prefix_len(self, ids: list[int], max_len: int) -> int:
+        """What `match_prefix` would match, without splitting or touching anything: a pure read, so
+        asking it (how often depends on timing) never changes what is evicted later."""
+        node, pos = self.root, 0
+        while pos < max_len and (child := node.children.get(ids[pos])) is not None:
+            n = _common_len(child.key, ids, pos, max_len)
+            pos += n
+            if n < len(child.key):
+                break
+            node = child
+        return pos
+
     def lock(self, node: TreeNode) -> None:
         for n in _path(node):
             if n.lock_count == 0:

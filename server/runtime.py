@@ -60,6 +60,7 @@ def engine_settings(args: ServerArgs, model_dir: Path, policy: SchedulePolicy, k
         "chunked_prefill_size": policy.chunked_prefill_size, "max_prefill_tokens": policy.max_prefill_tokens,
         "kv_tokens": kv_tokens, "max_running_requests": policy.max_running_requests,
         "context_len": policy.context_len, "reasoning_parser": args.reasoning_parser, "compiled": "eager",
+        "radix_cache": not args.disable_radix_cache,
         "software": f"torch {torch.__version__} {platform.machine()} {torch.backends.cpu.get_cpu_capability()}",
     }
 

@@ -172,8 +172,6 @@ def _exclude(instance: Instance) -> None:
             req.excluded = "its server's SERVER_START is not in the log (dropped by retention, or lost in a salvage)"
         elif instance.engine is None:
             req.excluded = "logged by a server that did not record its schedule"
-        elif req.first_prefix:
-            req.excluded = f"prefix cache hit ({req.first_prefix} prompt token(s) reused from the cache)"
 
 
 def spread_exclusions(instance: Instance) -> None:

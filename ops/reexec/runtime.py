@@ -38,7 +38,8 @@ def server_args(engine: dict[str, Any], model_dir: Path, tokenizer_dir: str | No
         disable_overlap_schedule=not engine["overlap"], chunked_prefill_size=engine["chunked_prefill_size"],
         max_prefill_tokens=engine["max_prefill_tokens"], max_total_tokens=engine["kv_tokens"],
         max_running_requests=engine["max_running_requests"], context_length=engine["context_len"],
-        reasoning_parser=engine["reasoning_parser"], log_durability="none")
+        reasoning_parser=engine["reasoning_parser"], log_durability="none",
+        disable_radix_cache=not engine.get("radix_cache", False))  # absent: logged before the cache existed
 
 
 def build_scripted(args: ServerArgs, scratch: Path) -> tuple[Runtime, ScriptedScheduler]:
@@ -50,5 +51,5 @@ def build_scripted(args: ServerArgs, scratch: Path) -> tuple[Runtime, ScriptedSc
     s = runtime.scheduler
     runner = CheckingRunner(s.runner.model, s.kv_pool, s.policy.future_slots, args.attention_backend)
     scripted = ScriptedScheduler(s.policy, runner, s.req_pool, s.kv_pool, s.ledger, s.rules, s.sink, s.grammars,
-                                 s.reasoning)
+                                 s.reasoning, s.cache)  # the same prefix cache (or none), refilled as logged
     return runtime, scripted

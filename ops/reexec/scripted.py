@@ -73,11 +73,14 @@ class ScriptedScheduler(Scheduler):
         return batch
 
     def _check_extend(self, req: Req, seg: Segment) -> None:
+        if req.pool_row is None:
+            # Its first chunk: admitted here as the server admitted it, prefix-cache match included
+            # (the tree is rebuilt by the same commits and finishes, in the logged order).
+            self._admit(req)
         if seg.prefix != req.scheduled_prefill_len or seg.length < 1 or seg.prefix + seg.length > req.prompt_len:
             raise ScheduleMismatchError(req.rid, f"logged extend [{seg.prefix}, +{seg.length}) but "
-                                                 f"{req.scheduled_prefill_len} of {req.prompt_len} prompt tokens were scheduled")
-        if seg.prefix == 0:
-            self._admit(req)
+                                                 f"{req.scheduled_prefill_len} of {req.prompt_len} prompt tokens were "
+                                                 f"scheduled ({req.cached_len} from the prefix cache here)")
 
     def _check_decode(self, req: Req, seg: Segment) -> None:
         position = req.prompt_len + req.scheduled_tokens - 1

@@ -61,6 +61,9 @@ def serve_log(model: Path, log: Path) -> ServedLog:
         probe = engine.generate(input_ids=[40, 41, 42, 43, 44], sampling_params={"max_new_tokens": 24, "temperature": 0,
                                                                                  "ignore_eos": True}, rid="probe")
         stop = probe["text"][4:7]
+        # The probe's committed KV is in the prefix cache: this one starts from a 15-token hit.
+        engine.generate(input_ids=[40, 41, 42, 43, 44, *probe["output_ids"][:10], 7],
+                        sampling_params={"max_new_tokens": 6, "temperature": 0}, return_logprob=True, rid="cached")
         engine.generate(input_ids=[3, 1, 4, 1, 5], sampling_params={"max_new_tokens": 5, "temperature": 0},
                         return_hidden_states=True, rid="hidden")
         prompts, params, rids = _batch(stop)

@@ -35,6 +35,8 @@ def test_the_served_log_has_what_the_proof_must_cover(served: ServedLog) -> None
     assert any(0 < pre < 40 and p["mode"] != "decode" for p in forwards for pre in p["pre"]), "a chunked prefill"
     assert max(len(p["rids"]) for p in forwards) >= 8, "concurrent requests share forwards"
     assert sum(k is Kind.ABORT_REQUESTED for k, _, _ in records) >= 2
+    first = next(p for k, _, p in records if k is Kind.FORWARD and "cached" in p["rids"])
+    assert first["pre"][first["rids"].index("cached")] == 15, "a prefix-cache hit"
     assert any(k is Kind.DISCARD for k, _, _ in records), "an abort discarded a pending result"
     assert served.outputs["stopper"]["meta_info"]["finish_reason"] == {"type": "stop", "matched": served.stop_string}
     assert len(served.outputs) >= 24 + 2
@@ -42,7 +44,7 @@ def test_the_served_log_has_what_the_proof_must_cover(served: ServedLog) -> None
 
 def test_reexecution_with_the_serving_checkpoint_proves_every_request(served: ServedLog,
                                                                       reexecuted: dict[str, Any]) -> None:
-    assert set(reexecuted) == {"probe", "hidden", *served.outputs}
+    assert set(reexecuted) == {"probe", "hidden", "cached", *served.outputs}
     assert all(r["status"] == "proven" for r in reexecuted.values())
     for rid, out in served.outputs.items():
         assert reexecuted[rid]["tokens_checked"] == len(out["output_ids"]), rid
