@@ -189,3 +189,21 @@ def test_edited_hidden_state_is_a_divergence(served: ServedLog, tmp_path: Path) 
     found = {r["rid"]: r for r in cli("replay", "--log-dir", log, "--reexecute", "--json").json()["requests"]}
     assert (found["hidden"]["divergence"]["what"], found["hidden"]["divergence"]["position"]) == ("hidden state", 2)
     assert [rid for rid, r in found.items() if r["status"] != "proven"] == ["hidden"]
+
+
+def test_a_cache_hit_the_rebuilt_engine_cannot_match_is_a_schedule_divergence(served: ServedLog,
+                                                                              tmp_path: Path) -> None:
+    log = tmp_path / "no-cache"
+    shutil.copytree(served.log, log)
+    records = entries(served.log)
+    for i, (lsn, ts, entry) in enumerate(records):
+        if entry.kind is Kind.SERVER_START:  # the log now claims the server ran without the prefix cache
+            engine = {**entry.payload["engine"], "radix_cache": False}
+            records[i] = (lsn, ts, type(entry)(entry.kind, entry.rid, {**entry.payload, "engine": engine}))
+    rewrite_rechained(log, records)
+    ran = cli("replay", "--log-dir", log, "--reexecute", "--json")
+    assert ran.rc == 1 and "Traceback" not in ran.err, ran.err
+    found = {r["rid"]: r for r in ran.json()["requests"]}
+    divergence = found["cached"]["divergence"]
+    assert found["cached"]["status"] == "diverged" and divergence["what"] == "schedule", found["cached"]
+    assert "logged extend [15, +1) but 0 of 16 prompt tokens were scheduled" in divergence["logged"]

@@ -1,6 +1,6 @@
 """What `replay --reexecute` refuses, each with a message and an exit code, never a traceback:
 a changed checkpoint (2, unless --model-path), a missing one (2), a damaged log (2), and requests
-it cannot re-run (1, each saying why: a prefix-cache hit, a log from before the schedule)."""
+it cannot re-run (1, each saying why: a log from before the schedule)."""
 from __future__ import annotations
 
 import json
@@ -48,16 +48,6 @@ def test_missing_checkpoint_is_exit_2(copied_model_log: tuple[Path, Path], tmp_p
     ran = cli("replay", "--log-dir", log, "--reexecute", "--model-path", tmp_path / "nothing-here")
     assert ran.rc == 2 and "no checkpoint at" in ran.err, ran.err
     _no_traceback(ran)
-
-
-def test_prefix_cache_hit_is_reported_not_reexecutable(tmp_path: Path) -> None:
-    log = tmp_path / "log"
-    write_log(log, [[START, begin("hit", [1, 2, 3, 4, 5, 6]), fwd(1, ["hit"], [4], [2])],
-                    [commit("hit", [9], wm=6)], [finish("hit", "length", 1, 6), STOP]])
-    ran = cli("replay", "--log-dir", log, "--reexecute", "--json")
-    assert ran.rc == 1, ran.err
-    (req,) = ran.json()["requests"]
-    assert req["status"] == "not re-executable" and "prefix cache hit (4 prompt token(s)" in req["reason"]
 
 
 def test_log_from_before_the_schedule_is_not_reexecutable(tmp_path: Path) -> None:
