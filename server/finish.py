@@ -20,6 +20,8 @@ def check_finish(
         return FinishReason.LENGTH, params.max_new_tokens
     if prompt_len + len(output_ids) >= context_len:
         return FinishReason.LENGTH, len(output_ids)
+    if len(output_ids) < params.min_new_tokens:
+        return None  # the sampler masks EOS and stop ids until then; stop strings wait too (as in vLLM)
     last = output_ids[-1]
     if last in params.stop_token_ids or (not params.ignore_eos and last in eos_ids):
         return FinishReason.STOP, last

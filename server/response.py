@@ -28,6 +28,7 @@ class CommittedView:
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     input_logprobs: list[float] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     hidden_states: list[list[float]] = field(default_factory=list)
     finish: dict[str, Any] | None = None
     e2e_latency: float = 0.0
@@ -39,7 +40,7 @@ class CommittedView:
         hidden = [np.frombuffer(b, dtype=np.float32).tolist() for b in s.hidden_states]
         return cls(req.rid, req.prompt_ids, req.logprob, req.params.skip_special_tokens, list(s.output_ids),
                    list(s.output_logprobs), [list(t) for t in s.output_top_logprobs], list(s.input_logprobs),
-                   hidden, finish_reason_object(s), (req.finish_time or req.arrival_time) - req.arrival_time,
+                   [list(t) for t in s.input_top_logprobs], hidden, finish_reason_object(s), (req.finish_time or req.arrival_time) - req.arrival_time,
                    s.num_reasoning_tokens)
 
     def apply(self, delta: RequestDelta) -> None:
@@ -47,6 +48,7 @@ class CommittedView:
         self.output_logprobs.extend(delta.logprobs)
         self.output_top_logprobs.extend([[(int(t), float(lp)) for t, lp in top] for top in delta.top_logprobs])
         self.input_logprobs.extend(delta.input_logprobs)
+        self.input_top_logprobs.extend([[(int(t), float(lp)) for t, lp in top] for top in delta.input_top_logprobs])
         self.hidden_states.extend(delta.hidden_states)
         self.reasoning_tokens = max(self.reasoning_tokens, delta.reasoning_tokens)
         if delta.finish is not None:
@@ -79,6 +81,7 @@ def format_output(view: CommittedView, tokenizer: Tokenizer) -> dict[str, Any]:
         meta["output_top_logprobs"] = [[(lp, t, None) for t, lp in top] for top in view.output_top_logprobs]
         if view.logprob.logprob_start_len >= 0:
             meta["input_token_logprobs"] = _input_logprobs(view)
+            meta["input_top_logprobs"] = _input_top_logprobs(view)
     if view.logprob.return_hidden_states:
         meta["hidden_states"] = view.hidden_states
     return {"text": view.text(tokenizer), "output_ids": list(view.output_ids), "meta_info": meta}
@@ -90,3 +93,12 @@ def _input_logprobs(view: CommittedView) -> list[tuple[float | None, int, None]]
     first = [(None, view.prompt_ids[0], None)] if start == 0 else []
     scored = range(max(start, 1), len(view.prompt_ids))
     return first + [(lp, view.prompt_ids[p], None) for p, lp in zip(scored, view.input_logprobs)]
+
+
+def _input_top_logprobs(view: CommittedView) -> list[list[tuple[float, int, None]] | None]:
+    """One list per prompt position from logprob_start_len, as SGLang shapes it: position 0 (no
+    context) is None; empty when no top_logprobs_num was asked for."""
+    if not view.logprob.top_logprobs_num:
+        return []
+    first: list[list[tuple[float, int, None]] | None] = [None] if view.logprob.logprob_start_len == 0 else []
+    return first + [[(lp, t, None) for t, lp in top] for top in view.input_top_logprobs]
