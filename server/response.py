@@ -14,7 +14,7 @@ from commitlog import FinishReason
 from commitlog.audit import finish_reason_object
 from server.finish import trim_at_stop
 from server.outputs import RequestDelta
-from server.request import LogprobRequest, Req
+from server.request import LogprobRequest, Req, RequestSpec
 from server.tokenizer import Tokenizer
 
 
@@ -33,6 +33,15 @@ class CommittedView:
     finish: dict[str, Any] | None = None
     e2e_latency: float = 0.0
     reasoning_tokens: int = 0  # the first `reasoning_tokens` output ids are reasoning (thinking)
+    no_stop_trim: bool = False  # keep a matched stop string in the text (SGLang's no_stop_trim)
+    spaces_between_special_tokens: bool = True
+
+    @classmethod
+    def for_spec(cls, spec: RequestSpec) -> CommittedView:
+        """An empty view that the front fills from the request's durable deltas."""
+        p = spec.params
+        return cls(spec.rid, spec.prompt_ids, spec.logprob, p.skip_special_tokens, no_stop_trim=p.no_stop_trim,
+                   spaces_between_special_tokens=p.spaces_between_special_tokens)
 
     @classmethod
     def of(cls, req: Req) -> CommittedView:
@@ -41,7 +50,7 @@ class CommittedView:
         return cls(req.rid, req.prompt_ids, req.logprob, req.params.skip_special_tokens, list(s.output_ids),
                    list(s.output_logprobs), [list(t) for t in s.output_top_logprobs], list(s.input_logprobs),
                    [list(t) for t in s.input_top_logprobs], hidden, finish_reason_object(s), (req.finish_time or req.arrival_time) - req.arrival_time,
-                   s.num_reasoning_tokens)
+                   s.num_reasoning_tokens, req.params.no_stop_trim, req.params.spaces_between_special_tokens)
 
     def apply(self, delta: RequestDelta) -> None:
         self.output_ids.extend(delta.token_ids)
@@ -55,11 +64,17 @@ class CommittedView:
             self.finish = delta.finish
 
     def text(self, tokenizer: Tokenizer, start: int = 0) -> str:
-        """The output text from output token `start` on, trimmed at a matched stop string."""
-        text = tokenizer.decode(self.output_ids[start:], self.skip_special_tokens)
+        """The output text from output token `start` on, trimmed as SGLang trims it: before a matched
+        stop string, and without a matched stop token's own text; `no_stop_trim` keeps both."""
         finish = self.finish or {}
         reason = FinishReason(finish["type"]) if finish else None
-        return trim_at_stop(text, reason, finish.get("matched"))
+        matched = finish.get("matched")
+        ids = self.output_ids[start:]
+        trim = not self.no_stop_trim and reason is FinishReason.STOP
+        if trim and isinstance(matched, int) and not isinstance(matched, bool) and ids and ids[-1] == matched:
+            ids = ids[:-1]
+        text = tokenizer.decode(ids, self.skip_special_tokens, self.spaces_between_special_tokens)
+        return trim_at_stop(text, reason, matched) if trim else text
 
     def reasoning_text(self, tokenizer: Tokenizer) -> str:
         """The reasoning (thinking) part, without its <think> markers."""

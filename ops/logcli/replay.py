@@ -109,6 +109,8 @@ def _commit_detail(p: dict[str, Any], decoder: TextDecoder | None) -> str:
     parts = [f"tokens {list(p['ids'])}"]
     if p["lp"]:
         parts.append("logprobs [" + ", ".join(f"{lp:.4f}" for lp in p["lp"]) + "]")
+    if p["ilp"]:
+        parts.append(f"{len(p['ilp'])} prompt logprob(s) [" + ", ".join(f"{lp:.4f}" for lp in p["ilp"]) + "]")
     if decoder is not None and p["ids"]:
         parts.append(f"text {decoder.decode(list(p['ids']))!r}")
     if p["wm"] is not None:

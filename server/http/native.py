@@ -61,7 +61,7 @@ def native_router(front: Front) -> APIRouter:
 
 
 async def _stream(front: Front, spec: RequestSpec, submission: Submission) -> AsyncIterator[bytes]:
-    view = CommittedView(spec.rid, spec.prompt_ids, spec.logprob, spec.params.skip_special_tokens)
+    view = CommittedView.for_spec(spec)
     async for delta in front.stream(spec, view, submission):
         if delta.token_ids or delta.finish is not None:
             yield sse(format_output(view, front.tokenizer))

@@ -12,7 +12,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
@@ -29,17 +29,18 @@ from server.http.native import SSE_DONE, sse
 from server.http.openai_format import (
     chat_logprobs,
     completion_logprobs,
+    echo_logprobs,
     envelope,
     finish_reason,
     usage,
 )
+from server.http.openai_sampling import SAMPLING_FIELDS, sampling_fields
 from server.request import RequestSpec
 from server.request_builder import GenerateCall
 from server.response import CommittedView
 
 COMMON = frozenset({"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "seed", "n", "stream",
-                    "stream_options", "user", "ignore_eos", "frequency_penalty", "presence_penalty", "best_of",
-                    "repetition_penalty"})
+                    "stream_options", "user", "ignore_eos", "best_of"}) | SAMPLING_FIELDS
 COMPLETION_FIELDS = COMMON | {"prompt", "logprobs", "echo", "suffix"}
 CHAT_FIELDS = COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens", "response_format"}
 MAX_N = 16
@@ -54,6 +55,8 @@ class Call:
     specs: list[RequestSpec]
     logprobs: int | None  # top-k to report per token; None: no logprobs
     include_usage: bool
+    echo: bool = False  # completions: the prompt comes back before the output (and its logprobs)
+    prompt_texts: tuple[str, ...] = ()  # the prompts as sent, when sent as text (echoed verbatim)
 
 
 def openai_router(front: Front) -> APIRouter:
@@ -85,8 +88,7 @@ def _common(front: Front, body: dict[str, Any]) -> tuple[str, dict[str, Any], in
     if model != front.served_model_name:
         raise InvalidRequestError(f"model {model!r} is not served here; use {front.served_model_name!r}", "model")
     # Benchmark clients send these at their neutral values; anything else would change the output.
-    for name, neutral in (("frequency_penalty", 0), ("presence_penalty", 0), ("best_of", 1),
-                          ("repetition_penalty", 1)):
+    for name, neutral in (("best_of", 1),):
         if body.get(name) not in (None, neutral):
             raise InvalidRequestError(f"{name} other than {neutral} is not supported", name)
     n = typed(body, "n", int, 1)
@@ -95,13 +97,16 @@ def _common(front: Front, body: dict[str, Any]) -> tuple[str, dict[str, Any], in
     typed(body, "seed", int)  # each choice's seed is derived from it before SamplingParams checks them
     params = {k: body[k] for k in ("temperature", "top_p", "top_k", "min_p", "stop", "seed", "ignore_eos")
               if body.get(k) is not None}
-    return model, params, n
+    return model, params | sampling_fields(body), n
 
 
 def _completion_call(front: Front, body: dict[str, Any]) -> Call:
     model, params, n = _common(front, body)
-    if body.get("echo") or body.get("suffix"):
-        raise InvalidRequestError("echo and suffix are not supported", "echo" if body.get("echo") else "suffix")
+    if body.get("suffix"):
+        raise InvalidRequestError("suffix is not supported", "suffix")
+    echo = typed(body, "echo", bool, False)
+    if echo and typed(body, "stream", bool, False):
+        raise InvalidRequestError("echo is supported without stream only", "echo")
     params["max_new_tokens"] = typed(body, "max_tokens", int, 16)
     prompt = body.get("prompt")
     if prompt is None:
@@ -113,13 +118,20 @@ def _completion_call(front: Front, body: dict[str, Any]) -> Call:
     k = typed(body, "logprobs", int)
     if k is not None and not 0 <= k <= 20:
         raise InvalidRequestError("logprobs must be between 0 and 20", "logprobs")
-    return _build(front, body, model, "text_completion", GenerateCall(prompt=text, input_ids=ids), params, n, k)
+    # echo with logprobs scores the prompt too (lm-eval's loglikelihood): from position 0, whose value is null.
+    call = GenerateCall(prompt=text, input_ids=ids, logprob_start_len=0 if echo and k is not None else -1)
+    built = _build(front, body, model, "text_completion", call, params, n, k)
+    texts = (text,) if isinstance(text, str) else tuple(text or ())
+    return replace(built, echo=echo, prompt_texts=texts)
 
 
 def _chat_call(front: Front, body: dict[str, Any]) -> Call:
     model, params, n = _common(front, body)
     schema = _response_schema(typed(body, "response_format", dict))
     if schema is not None:
+        if {"json_schema", "regex", "ebnf"} & params.keys():  # two constraints: neither may win silently
+            raise InvalidRequestError("give response_format or one of json_schema, regex, ebnf, not both",
+                                      "response_format")
         params["json_schema"] = schema
     prompt_ids = front.tokenizer.apply_chat_template(_messages(body.get("messages")))
     limit = typed(body, "max_completion_tokens", int) or typed(body, "max_tokens", int)
@@ -216,8 +228,8 @@ async def _respond(front: Front, request: Request, body: dict[str, Any], call: C
 def _choice(front: Front, call: Call, index: int, view: CommittedView) -> dict[str, Any]:
     text = view.text(front.tokenizer)
     if call.kind == "text_completion":
-        logprobs = None if call.logprobs is None else completion_logprobs(view, front.tokenizer, 0, call.logprobs)
-        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(view)}
+        return {"index": index, "text": _echoed(front, call, index, view) + text,
+                "logprobs": _completion_logprobs(front, call, view), "finish_reason": finish_reason(view)}
     logprobs = None if call.logprobs is None else chat_logprobs(view, front.tokenizer, 0, call.logprobs)
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if front.args.reasoning_parser:
@@ -226,11 +238,28 @@ def _choice(front: Front, call: Call, index: int, view: CommittedView) -> dict[s
     return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason(view)}
 
 
+def _echoed(front: Front, call: Call, index: int, view: CommittedView) -> str:
+    """The prompt to echo: as sent when it was text, else its tokens decoded."""
+    if not call.echo:
+        return ""
+    if call.prompt_texts:  # choices are prompts-major per sample (see _build): index mod the prompt count
+        return call.prompt_texts[index % len(call.prompt_texts)]
+    return front.tokenizer.decode(view.prompt_ids, view.skip_special_tokens)
+
+
+def _completion_logprobs(front: Front, call: Call, view: CommittedView) -> dict[str, Any] | None:
+    if call.logprobs is None:
+        return None
+    if call.echo:
+        return echo_logprobs(view, front.tokenizer, call.logprobs)
+    return completion_logprobs(view, front.tokenizer, 0, call.logprobs, whole=True)
+
+
 async def _stream(front: Front, call: Call, submissions: list[Submission]) -> AsyncIterator[bytes]:
     """The choices stream together, interleaved as their tokens commit; each chunk names its
     choice's `index` (as vLLM and SGLang do)."""
     chunk_kind = "text_completion" if call.kind == "text_completion" else "chat.completion.chunk"
-    views = [CommittedView(s.rid, s.prompt_ids, s.logprob, s.params.skip_special_tokens) for s in call.specs]
+    views = [CommittedView.for_spec(s) for s in call.specs]
     if call.kind != "text_completion":
         for index in range(len(views)):
             first = {"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
