@@ -109,6 +109,16 @@ class Req:
     def wants_input_logprobs(self) -> bool:
         return self.logprob.return_logprob and self.logprob.logprob_start_len >= 0
 
+    @property
+    def max_cached_prefix_len(self) -> int:
+        """PREFIX-CACHE HOOK: the longest prompt prefix a prefix cache may serve from cached KV.
+        Prompt position p is scored from the logits of row p-1, which only a forward computes, so
+        a request asking for prompt logprobs from position s must run every row from
+        max(s, 1) - 1 on: a cache hit longer than this is cut back to it (or skipped)."""
+        if not self.wants_input_logprobs:
+            return self.prompt_len
+        return max(self.logprob.logprob_start_len, 1) - 1
+
     def begin_params(self) -> dict[str, object]:
         """What BEGIN records: every parameter that shapes the output, the effective seed included."""
         p = self.params

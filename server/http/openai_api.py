@@ -34,7 +34,7 @@ from server.http.openai_format import (
     finish_reason,
     usage,
 )
-from server.http.openai_sampling import SAMPLING_FIELDS, sampling_fields
+from server.http.openai_sampling import SAMPLING_FIELDS, as_sent, sampling_fields
 from server.request import RequestSpec
 from server.request_builder import GenerateCall
 from server.response import CommittedView
@@ -178,7 +178,10 @@ def _build(front: Front, body: dict[str, Any], model: str, kind: str, call: Gene
     for i in range(n):
         seeded = {**params, "seed": params["seed"] + i} if "seed" in params else params
         call.sampling_params, call.rid = seeded, None
-        built, _ = builder.build(call)
+        try:
+            built, _ = builder.build(call)
+        except InvalidRequestError as exc:
+            raise as_sent(exc) from None
         specs.extend(built)
     specs = [RequestSpec(rid if len(specs) == 1 else f"{rid}-{i}", s.prompt_ids, s.params, s.logprob)
              for i, s in enumerate(specs)]

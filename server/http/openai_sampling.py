@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from server.errors import InvalidRequestError
+
 # OpenAI/vLLM spelling -> SamplingParams spelling.
 RENAMED = {"min_tokens": "min_new_tokens"}
 PASSED = ("frequency_penalty", "presence_penalty", "repetition_penalty", "logit_bias", "stop_token_ids",
@@ -17,3 +19,14 @@ def sampling_fields(body: dict[str, Any]) -> dict[str, Any]:
     out = {name: body[name] for name in PASSED if body.get(name) is not None}
     out.update({ours: body[theirs] for theirs, ours in RENAMED.items() if body.get(theirs) is not None})
     return out
+
+
+def as_sent(exc: InvalidRequestError) -> InvalidRequestError:
+    """The same error naming the field as the client spelled it (min_tokens, not min_new_tokens)."""
+    back = {ours: theirs for theirs, ours in RENAMED.items()} | {"max_new_tokens": "max_tokens"}
+    if exc.param not in back:
+        return exc
+    message = str(exc)
+    for ours, theirs in back.items():
+        message = message.replace(ours, theirs)
+    return InvalidRequestError(message, back[exc.param])
