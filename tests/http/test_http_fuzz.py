@@ -31,7 +31,7 @@ from server_process import ServerProcess
 
 from server.http.native import GENERATE_FIELDS
 from server.http.openai_api import CHAT_FIELDS, COMPLETION_FIELDS
-from server.sampling.params import NOT_YET_SUPPORTED, SamplingParams
+from server.sampling.params import NOT_YET_SUPPORTED, SEED_ALIAS, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "fuzz-tiny"
@@ -44,7 +44,7 @@ QUICK = settings(max_examples=25, deadline=None, derandomize=True, database=None
 QUICK_BODIES = settings(QUICK, max_examples=40)  # the widest space: a route's every field times every value kind
 QUICK_RAW = settings(QUICK, max_examples=15)  # a small, finite space
 SLOW = settings(QUICK, max_examples=400)
-SAMPLING_NAMES = frozenset(f.name for f in dataclasses.fields(SamplingParams)) | frozenset(NOT_YET_SUPPORTED)
+SAMPLING_NAMES = frozenset(f.name for f in dataclasses.fields(SamplingParams)) | frozenset(NOT_YET_SUPPORTED) | {SEED_ALIAS}
 # The fields an error may name: a route's own, and the sampling parameters the OpenAI fields map to.
 KNOWN_PARAMS = GENERATE_FIELDS | COMPLETION_FIELDS | CHAT_FIELDS | SAMPLING_NAMES | {"abort_all"}
 
@@ -171,7 +171,10 @@ EDGE = {
     "text": [" ", "\u00e9", "\ud83d\ude00", "<s>", ["x"] * 3], "prompt": [" ", [[5], [6, 7]], ["a"] * 3],
     "messages": [[{"role": "user", "content": ""}], [{"role": "user", "content": [{"type": "text", "text": "t"}]}]],
     "response_format": [{"type": "json_object"}, {"type": "text"}], "stream_options": [{"include_usage": True}, {}],
-    "abort_all": [False], "echo": [False], "user": ["u"], "frequency_penalty": [0], "best_of": [1],
+    "abort_all": [False], "echo": [False, True], "user": ["u"], "frequency_penalty": [0, -2, 2], "best_of": [1],
+    "presence_penalty": [-2, 0.5, 2], "repetition_penalty": [1e-9, 1, 2], "min_new_tokens": [0, 1, 2], "min_tokens": [0, 1],
+    "logit_bias": [{}, {"0": 100}, {"511": -100, "5": 1e-9}], "no_stop_trim": [True],
+    "spaces_between_special_tokens": [False], "sampling_seed": [0, 2**63 - 1],
 }
 SMALL = {"max_new_tokens": 2, "temperature": 0}
 VALID = {
