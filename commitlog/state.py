@@ -48,6 +48,7 @@ class RequestState:
     num_reasoning_tokens: int = 0
     is_reasoning_ended: bool = False
     kv_committed_len: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (first COMMIT's `pc`)
     finish_reason: FinishReason | None = None
     finish_matched: int | str | None = None
     doom_reason: str | None = None
@@ -80,11 +81,13 @@ class Delta:
     kv_committed_len: int | None = None
     finish_reason: FinishReason | None = None
     finish_matched: int | str | None = None
+    cached_tokens: int = 0  # only on a request's first COMMIT, and only when its prefix was cached
     input_top_logprobs: list[TopLogprobs] = field(default_factory=list)
 
     def to_payload(self) -> Payload:
         fin = None if self.finish_reason is None else [self.finish_reason.value, self.finish_matched]
-        return {
+        extra: Payload = {"pc": self.cached_tokens} if self.cached_tokens else {}
+        return extra | {
             "ids": self.output_ids, "lp": self.output_logprobs,
             "top": [[list(p) for p in top] for top in self.output_top_logprobs],
             "ilp": self.input_logprobs, "hs": self.hidden_states,
@@ -100,7 +103,7 @@ class Delta:
         return cls(
             list(p["ids"]), list(p["lp"]), [[(int(i), lp) for i, lp in top] for top in p["top"]],
             list(p["ilp"]), list(p["hs"]), p["g"], p["rc"], p["re"], p["wm"],
-            None if fin is None else FinishReason(fin[0]), None if fin is None else fin[1],
+            None if fin is None else FinishReason(fin[0]), None if fin is None else fin[1], p.get("pc", 0),
             [[(int(i), lp) for i, lp in top] for top in p.get("itop", ())],
         )
 
@@ -132,6 +135,8 @@ def apply_delta(state: RequestState, delta: Delta) -> None:
     state.is_reasoning_ended = state.is_reasoning_ended or delta.is_reasoning_ended
     if delta.kv_committed_len is not None:
         state.kv_committed_len = delta.kv_committed_len
+    if delta.cached_tokens:
+        state.cached_tokens = delta.cached_tokens
     if delta.finish_reason is not None:
         state.finish_reason, state.finish_matched = delta.finish_reason, delta.finish_matched
     state.num_commits += 1

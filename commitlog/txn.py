@@ -110,6 +110,13 @@ class RequestTxn:
                 f"KV watermark only advances: {kv_committed_len} < {self.state.kv_committed_len}")
         self._delta.kv_committed_len = kv_committed_len
 
+    def note_cached_prefix(self, num_tokens: int) -> None:
+        """Records that the first `num_tokens` prompt tokens' KV came from the prefix cache."""
+        self._check_open()
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+        self._delta.cached_tokens = num_tokens
+
     def set_finish(self, reason: FinishReason, matched: int | str | None = None) -> None:
         self._check_open()
         if reason in (FinishReason.ABORT, FinishReason.INTERRUPTED):

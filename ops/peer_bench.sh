@@ -5,6 +5,7 @@
 # Env: PEER_VENV (default .peer-venv), IN=256 OUT=128 N=64 RATE=inf CONCURRENCY= (empty: unlimited)
 #      SWEEP="1 4 16 64": also load each server at these concurrencies (max(8, c) prompts each) and
 #      plot output tok/s and p99 TPOT against concurrency (ops/peer_plot.py, needs matplotlib).
+#      TL_FLAGS="--enable-mixed-chunk": extra flags for tokenledger serve; SKIP_PEER=1: tokenledger only.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PEER_VENV=${PEER_VENV:-.peer-venv}
@@ -47,9 +48,10 @@ sweep() {  # $1: server label
 stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 .venv/bin/tokenledger serve --model-path "$MODEL" --served-model-name "$MODEL" --port $PORT \
-  --log-dir "$OUT_DIR/log" --max-running-requests 64 > "$OUT_DIR/tokenledger.server.log" 2>&1 &
+  --log-dir "$OUT_DIR/log" --max-running-requests 64 ${TL_FLAGS:-} > "$OUT_DIR/tokenledger.server.log" 2>&1 &
 TL=$!; trap 'stop $TL' EXIT
 wait_healthy; run_client tokenledger; our_client tokenledger; sweep tokenledger; stop $TL
+[ -n "${SKIP_PEER:-}" ] && exit 0
 
 VLLM_CPU_KVCACHE_SPACE=2 "$PEER_VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
   --dtype float32 --port $PORT > "$OUT_DIR/vllm.server.log" 2>&1 &

@@ -21,6 +21,8 @@ HELP = {
                          "cpu (C kernel, fp32 on CPU), triton (Triton kernels, CUDA)",
     "enable_mixed_chunk": "put the running decode requests into the same forward as a prefill chunk "
                           "(one mixed batch) instead of waiting for the prefill to finish",
+    "disable_radix_cache": "turn off the prefix cache (a radix tree of finished requests' committed KV that "
+                           "later prompts with the same prefix reuse instead of recomputing)",
     "linear_backend": "matmuls of the linear layers: auto (onednn where it runs), onednn (weights packed once at "
                       "load, fp32 on CPU), torch (nn.Linear)",
     "max_prompts_per_request": "prompts one HTTP request may hold (a batch, or an OpenAI prompt list times n); "

@@ -26,6 +26,7 @@ class ServerArgs:
     max_prefill_tokens: int = 16384
     disable_overlap_schedule: bool = False
     enable_mixed_chunk: bool = False  # running decodes ride in each prefill chunk's forward
+    disable_radix_cache: bool = False  # the prefix cache of committed KV is on unless this is set
     # Compute threads of the forward (torch and the attention kernel). None: every core the process may
     # use, less one when serving over HTTP, where the front process needs a core of its own (on a
     # 2-core machine a scheduler spinning on both cores starves the front and stalls every step).

@@ -79,9 +79,12 @@ class AbortReplyMsg:
 class StatsMsg:
     running: int
     waiting: int
-    kv_used: int
+    kv_used: int  # held by live requests
     kv_total: int
     durable_lsn: int
+    kv_cached: int = 0  # held by the prefix cache
+    prefix_query_tokens: int = 0  # running totals: prompt tokens admitted, and those the cache served
+    prefix_hit_tokens: int = 0
     step_seconds: list[float] = field(default_factory=list)
     wal_commit_seconds: list[float] = field(default_factory=list)
     aborts: dict[str, int] = field(default_factory=dict)

@@ -19,6 +19,7 @@ class RequestDelta:
     finish: dict[str, Any] | None = None  # SGLang's finish_reason object, once finished
     completion_tokens: int = 0  # committed output length after this delta
     reasoning_tokens: int = 0  # committed reasoning tokens after this delta (--reasoning-parser)
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache, as logged
 
 
 class AbortStatus(str, enum.Enum):

@@ -15,6 +15,7 @@ from server.sampling.params import SamplingParams
 if TYPE_CHECKING:  # the front never needs torch; only the scheduler builds Reqs
     import torch
 
+    from server.radix_cache import TreeNode
     from server.sampling.penalties import TokenCounts
 
 
@@ -50,6 +51,11 @@ class Req:
     pool_row: int | None = None
     kv_allocated_len: int = 0
     reserved_tokens: int = 0
+    # Prefix cache: the row's first `owned_len` slots are the tree's, locked by `cache_node`;
+    # `cached_len` of them were matched at admission (reused, not computed: what is reported).
+    cached_len: int = 0
+    owned_len: int = 0
+    cache_node: TreeNode | None = None
     # Scheduling side, ahead of the committed state while results are pending (overlap).
     scheduled_prefill_len: int = 0  # prompt tokens put into launched batches
     inflight_tokens: int = 0  # tokens sampled by launched forwards whose results are pending
@@ -108,16 +114,6 @@ class Req:
     @property
     def wants_input_logprobs(self) -> bool:
         return self.logprob.return_logprob and self.logprob.logprob_start_len >= 0
-
-    @property
-    def max_cached_prefix_len(self) -> int:
-        """PREFIX-CACHE HOOK: the longest prompt prefix a prefix cache may serve from cached KV.
-        Prompt position p is scored from the logits of row p-1, which only a forward computes, so
-        a request asking for prompt logprobs from position s must run every row from
-        max(s, 1) - 1 on: a cache hit longer than this is cut back to it (or skipped)."""
-        if not self.wants_input_logprobs:
-            return self.prompt_len
-        return max(self.logprob.logprob_start_len, 1) - 1
 
     def begin_params(self) -> dict[str, object]:
         """What BEGIN records: every parameter that shapes the output, the effective seed included."""

@@ -33,6 +33,7 @@ class CommittedView:
     finish: dict[str, Any] | None = None
     e2e_latency: float = 0.0
     reasoning_tokens: int = 0  # the first `reasoning_tokens` output ids are reasoning (thinking)
+    cached_tokens: int = 0  # prompt tokens whose KV the prefix cache supplied (as logged)
     no_stop_trim: bool = False  # keep a matched stop string in the text (SGLang's no_stop_trim)
     spaces_between_special_tokens: bool = True
 
@@ -49,8 +50,9 @@ class CommittedView:
         hidden = [np.frombuffer(b, dtype=np.float32).tolist() for b in s.hidden_states]
         return cls(req.rid, req.prompt_ids, req.logprob, req.params.skip_special_tokens, list(s.output_ids),
                    list(s.output_logprobs), [list(t) for t in s.output_top_logprobs], list(s.input_logprobs),
-                   [list(t) for t in s.input_top_logprobs], hidden, finish_reason_object(s), (req.finish_time or req.arrival_time) - req.arrival_time,
-                   s.num_reasoning_tokens, req.params.no_stop_trim, req.params.spaces_between_special_tokens)
+                   [list(t) for t in s.input_top_logprobs], hidden, finish_reason_object(s),
+                   (req.finish_time or req.arrival_time) - req.arrival_time, s.num_reasoning_tokens, s.cached_tokens,
+                   req.params.no_stop_trim, req.params.spaces_between_special_tokens)
 
     def apply(self, delta: RequestDelta) -> None:
         self.output_ids.extend(delta.token_ids)
@@ -60,6 +62,7 @@ class CommittedView:
         self.input_top_logprobs.extend([[(int(t), float(lp)) for t, lp in top] for top in delta.input_top_logprobs])
         self.hidden_states.extend(delta.hidden_states)
         self.reasoning_tokens = max(self.reasoning_tokens, delta.reasoning_tokens)
+        self.cached_tokens = max(self.cached_tokens, delta.cached_tokens)
         if delta.finish is not None:
             self.finish = delta.finish
 
@@ -87,7 +90,7 @@ def format_output(view: CommittedView, tokenizer: Tokenizer) -> dict[str, Any]:
         "finish_reason": view.finish,
         "prompt_tokens": len(view.prompt_ids),
         "completion_tokens": len(view.output_ids),
-        "cached_tokens": 0,
+        "cached_tokens": view.cached_tokens,
         "reasoning_tokens": view.reasoning_tokens,
         "e2e_latency": view.e2e_latency,
     }

@@ -52,7 +52,10 @@ def process_result(
         txn = step.open(req.rid, req.grammar, req.counts)
         delta = RequestDelta(rid=req.rid)
         _stage_input_logprobs(txn, req, result, ilp, delta)
-        txn.advance_watermark(req.state.kv_committed_len + batch.extend_lens[i])
+        if req.state.num_commits == 0 and req.cached_len:
+            txn.note_cached_prefix(req.cached_len)
+        # Absolute: a cache hit's first segment starts past the prefix it did not compute.
+        txn.advance_watermark(batch.prefix_lens[i] + batch.extend_lens[i])
         rejected = None
         if samples:  # a decode, or a prompt's final chunk; a middle chunk commits only its progress
             rejected = _stage_sampled(txn, req, result, lp.start, hs.start if hs.stop > hs.start else None, rules, delta)
@@ -123,6 +126,7 @@ def _commit(txn: RequestTxn, req: Req, delta: RequestDelta, out: list[RequestDel
     elif txn.commit() is Outcome.DISCARDED:
         delta = RequestDelta(rid=req.rid)  # nothing of the staged result reaches the client
     delta.completion_tokens = len(req.state.output_ids)
+    delta.cached_tokens = req.state.cached_tokens
     delta.reasoning_tokens = req.state.num_reasoning_tokens
     delta.finish = finish_reason_object(req.state)
     out.append(delta)

@@ -21,6 +21,7 @@ from server.models.packed_linear import apply_linear_backend
 from server.request_builder import Limits
 from server.result_processing import FinishRules
 from server.schedule_policy import SchedulePolicy
+from server.radix_cache import RadixCache
 from server.scheduler import DeltaSink, Scheduler
 from server.tokenizer import Tokenizer
 
@@ -74,7 +75,8 @@ def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink, beside_front
     ledger = Ledger.open(log_dir, WalConfig(durability=Durability(args.log_durability)), model_fingerprint(model_dir),
                          tokenizer_dir)
     rules = FinishRules(frozenset(eos), context_len, tokenizer.decode)
-    scheduler = Scheduler(policy, runner, req_pool, kv_pool, ledger, rules, sink, grammars, reasoning)
+    cache = None if args.disable_radix_cache else RadixCache(kv_pool)
+    scheduler = Scheduler(policy, runner, req_pool, kv_pool, ledger, rules, sink, grammars, reasoning, cache)
     limits = Limits(vocab_size=cfg.vocab_size, context_len=context_len, kv_capacity=kv_pool.capacity)
     return Runtime(args, model_dir, cfg, tokenizer, scheduler, limits, log_dir)
 

@@ -47,6 +47,8 @@ class SchedulerCounters:
     aborts: Counter[str] = field(default_factory=Counter)  # by source
     discarded_results: int = 0
     generated_tokens: int = 0
+    prefix_query_tokens: int = 0  # prompt tokens of admitted requests
+    prefix_hit_tokens: int = 0  # of those, served from the prefix cache
     step_seconds: list[float] = field(default_factory=list)
     wal_commit_seconds: list[float] = field(default_factory=list)  # appended on the log writer's thread
 

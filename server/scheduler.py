@@ -31,6 +31,8 @@ from server.grammar.reasoning import ReasoningParser
 from server.memory import ReqToTokenPool, TokenToKVPool
 from server.model_runner import ForwardHandle, ModelRunner
 from server.outputs import AbortAnswer, AbortStatus, RequestDelta
+from server.prefix_cache import PrefixCache
+from server.radix_cache import RadixCache
 from server.request import Req
 from server.result_processing import FinishRules, process_result
 from server.schedule_policy import SchedulePolicy, SchedulerCounters, StepStats
@@ -45,7 +47,7 @@ class Scheduler:
     def __init__(
         self, policy: SchedulePolicy, runner: ModelRunner, req_pool: ReqToTokenPool, kv_pool: TokenToKVPool,
         ledger: Ledger, rules: FinishRules, sink: DeltaSink, grammars: GrammarCompiler | None = None,
-        reasoning: ReasoningParser | None = None,
+        reasoning: ReasoningParser | None = None, cache: RadixCache | None = None,
     ) -> None:
         self.policy = policy
         self.runner = runner
@@ -68,6 +70,8 @@ class Scheduler:
         self.grammars = grammars  # None: constrained requests are refused at add_request
         self.reasoning = reasoning
         self.num_grammar_syncs = 0  # steps that processed results early for a constrained request
+        self.cache = cache  # the radix tree of committed KV; None: --disable-radix-cache
+        self.prefix = PrefixCache(kv_pool, req_pool, cache)
 
     # -- arrivals -------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -136,6 +140,9 @@ class Scheduler:
         for req in process_result(batch, result, self.ledger, self.rules, self.outbox):
             self.counters.discarded_results += req.is_doomed
             self._on_finished(req)
+        for req in batch.reqs:
+            if req.state.kv_committed_len == req.prompt_len and not req.is_finished:
+                self._adopt_prompt(req)  # its prefill just committed: shareable from now on
 
     def flush(self) -> int | None:
         """Write the step's records as one group; its deltas go out once it is durable."""
@@ -185,10 +192,10 @@ class Scheduler:
         # The request pool has one row per running request: a free row is the running cap.
         while self.waiting and budget > 0:
             req = self.waiting[0]
-            if not self._reserve(req):
+            if self.prefix.should_wait(req, self._prefilling() + [r for r, _ in chosen]) or not self._reserve(req):
                 break  # head-of-line waits for memory; FIFO keeps admission fair
             self.waiting.popleft()
-            chosen.append((req, min(req.prompt_len, budget)))
+            chosen.append((req, min(req.prompt_len - req.scheduled_prefill_len, budget)))
             budget -= chosen[-1][1]
         for req, n in chosen:
             if req.scheduled_prefill_len + n < req.prompt_len:
@@ -196,13 +203,37 @@ class Scheduler:
         return chosen
 
     def _reserve(self, req: Req) -> bool:
-        need = req.prompt_len + req.params.max_new_tokens
-        if self.reserved_tokens + need > self.kv_pool.capacity or self.req_pool.num_free == 0:
+        """Admits `req` if memory allows: its row, and KV for its uncached prompt tail plus
+        max_new_tokens, counting unlocked cache entries as free (they are evicted to make room)."""
+        if self.req_pool.num_free == 0:
+            return False
+        prefix = self.prefix.lock_prefix(req)
+        need = req.prompt_len - req.cached_len + req.params.max_new_tokens
+        # Every reservation plus the cache must fit the pool.
+        if not self.prefix.make_room(self.reserved_tokens + need + self.prefix.num_tokens - self.kv_pool.capacity):
+            self.prefix.unlock_prefix(req)
+            req.cached_len = 0  # not admitted: matched again when it is
             return False
         req.pool_row = self.req_pool.alloc()
         req.reserved_tokens = need
         self.reserved_tokens += need
+        if prefix is not None:
+            self.req_pool.table[req.pool_row, : req.cached_len] = prefix
+            req.kv_allocated_len = req.scheduled_prefill_len = req.cached_len
+        self.counters.prefix_hit_tokens += req.cached_len
+        self.counters.prefix_query_tokens += req.prompt_len
         return True
+
+    def _prefilling(self) -> list[Req]:
+        """Admitted requests whose prompt KV has not committed yet."""
+        reqs = self.running if self.chunked_req is None else [*self.running, self.chunked_req]
+        return [r for r in reqs if r.state.kv_committed_len < r.prompt_len and not r.is_doomed]
+
+    def _adopt_prompt(self, req: Req) -> None:
+        adopted = self.prefix.adopt_prompt(req)
+        # Adopted slots are the tree's now (locked): this request no longer reserves them.
+        req.reserved_tokens -= adopted
+        self.reserved_tokens -= adopted
 
     # -- aborts ---------------------------------------------------------------------
     def abort(self, rid: str, source: DoomSource, reply: AbortReply, reason: str | None = None) -> None:
@@ -285,18 +316,35 @@ class Scheduler:
         # Slots a still-pending forward writes into are safe to free: forwards run in launch
         # order, so any later allocation of them is written after that forward.
         if req.pool_row is not None:
-            self.kv_pool.free(self.req_pool.table[req.pool_row, : req.kv_allocated_len].clone())
+            self.prefix.release(req, self.req_pool.table[req.pool_row, : req.kv_allocated_len].clone())
             self.req_pool.free(req.pool_row)
             req.pool_row, req.kv_allocated_len = None, 0
         self.reserved_tokens -= req.reserved_tokens
         req.reserved_tokens = 0
 
+    def flush_cache(self) -> bool:
+        """Empties the prefix cache; refused (False) while any request is live."""
+        if self.reqs or self.inflight:
+            return False
+        self.prefix.flush()
+        return True
+
     # -- accounting -----------------------------------------------------------------
+    @property
+    def kv_cached_tokens(self) -> int:
+        return self.prefix.num_tokens
+
+    @property
+    def kv_live_tokens(self) -> int:
+        """Slots held by live requests (the prefix cache's excluded): 0 after a drain (I4)."""
+        return self.kv_pool.num_used - self.kv_cached_tokens
+
     def check_integrity(self) -> None:
-        """Pool accounting must equal what live requests hold; run when idle and in tests."""
+        """Pool accounting must equal what live requests and the cache hold; run when idle and in tests."""
         live = list(self.reqs.values())
-        held = sum(r.kv_allocated_len for r in live)
-        assert self.kv_pool.num_used == held, f"KV used {self.kv_pool.num_used} != held by live requests {held}"
+        held = sum(r.kv_allocated_len - r.owned_len for r in live)
+        assert self.kv_live_tokens == held, f"KV used by live requests {self.kv_live_tokens} != held {held}"
         rows = sum(r.pool_row is not None for r in live)
         assert self.req_pool.num_rows - self.req_pool.num_free == rows, "request rows leaked"
         assert self.reserved_tokens == sum(r.reserved_tokens for r in live), "KV reservation leaked"
+        self.prefix.check_integrity(live)

@@ -220,8 +220,9 @@ class SchedulerProcess:
         sched, counters = self.sched, self.sched.counters
         steps, wal = counters.drain_samples()
         self.sender.send(StatsMsg(
-            running=len(sched.running), waiting=len(sched.waiting), kv_used=sched.kv_pool.num_used,
-            kv_total=sched.kv_pool.capacity, durable_lsn=sched.ledger.writer.durable_lsn, step_seconds=steps,
+            running=len(sched.running), waiting=len(sched.waiting), kv_used=sched.kv_live_tokens,
+            kv_total=sched.kv_pool.capacity, kv_cached=sched.kv_cached_tokens,
+            prefix_query_tokens=counters.prefix_query_tokens, prefix_hit_tokens=counters.prefix_hit_tokens, durable_lsn=sched.ledger.writer.durable_lsn, step_seconds=steps,
             wal_commit_seconds=wal, aborts=dict(counters.aborts), discarded=counters.discarded_results,
             generated=counters.generated_tokens,
         ))

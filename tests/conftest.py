@@ -56,7 +56,7 @@ def make_engine() -> Iterator[Callable[..., object]]:
         engine.shutdown()
         sched = engine.scheduler
         assert sched.is_idle, "requests still live at the end of the test"
-        assert sched.kv_pool.num_free == sched.kv_pool.capacity, "KV slots leaked"
+        assert sched.kv_live_tokens == 0, "KV slots leaked"
         sched.check_integrity()
 
 

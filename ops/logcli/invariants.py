@@ -78,7 +78,10 @@ def payload_fact(kind: int, p: dict[str, Any]) -> tuple[Any, ...]:
         fin, wm = p["fin"], p["wm"]
         if wm is not None and wm.__class__ is not int:
             raise TypeError(f"watermark {wm!r} is not an integer")
-        return len(p["ids"]), len(p["lp"]), len(p["top"]), wm, None if fin is None else str(fin[0])
+        cached = p.get("pc", 0)
+        if cached.__class__ is not int or cached < 0:
+            raise TypeError(f"cached prefix {cached!r} is not a non-negative integer")
+        return len(p["ids"]), len(p["lp"]), len(p["top"]), wm, None if fin is None else str(fin[0]), cached
     if kind == _FINISH:
         return str(p["reason"]), int(p["n_out"]), int(p["kv"])
     if kind == _BEGIN:
@@ -103,7 +106,11 @@ def apply_fact(req: ReqCheck, lsn: int, kind: int, fact: tuple[Any, ...], out: V
 
 
 def _apply_commit(req: ReqCheck, lsn: int, fact: tuple[Any, ...], out: Violations) -> None:
-    num_ids, num_lp, num_top, watermark, fin = fact
+    num_ids, num_lp, num_top, watermark, fin, cached = fact
+    if cached and (req.watermark or req.num_out):
+        out.add(lsn, req.rid, "watermark", f"cached prefix of {cached} on a COMMIT that is not the request's first")
+    if cached and (watermark is None or watermark < cached):
+        out.add(lsn, req.rid, "watermark", f"KV watermark {watermark} below the cached prefix of {cached}")
     if req.abort_lsn is not None:
         out.add(lsn, req.rid, "I2", f"COMMIT of {num_ids} token(s) after ABORT_REQUESTED at LSN {req.abort_lsn}")
     if req.fin_commit is not None:
@@ -178,7 +185,7 @@ class RangeChecker:
         if req is None or req.finish_lsn is not None or req.abort_lsn is not None or req.fin_commit is not None:
             return False
         ids, lp, wm = p.get("ids"), p.get("lp"), p.get("wm")
-        if ids.__class__ is not tuple or lp.__class__ is not tuple or p.get("fin") is not None:
+        if ids.__class__ is not tuple or lp.__class__ is not tuple or p.get("fin") is not None or "pc" in p:
             return False
         num_ids, num_lp = len(ids), len(lp)
         if (num_lp != num_ids and num_lp) or len(p.get("top", ())) not in (0, num_ids):

@@ -21,6 +21,11 @@ class Metrics:
         self.running = Gauge("tokenledger_requests_running", "Requests admitted and not finished", registry=r)
         self.waiting = Gauge("tokenledger_requests_waiting", "Requests queued for admission", registry=r)
         self.kv_used = Gauge("tokenledger_kv_used_tokens", "KV slots held by live requests", registry=r)
+        self.kv_cached = Gauge("tokenledger_kv_cached_tokens", "KV slots held by the prefix cache", registry=r)
+        self.prefix_query = Counter("tokenledger_prefix_cache_query_tokens_total",
+                                    "Prompt tokens of admitted requests", registry=r)
+        self.prefix_hit = Counter("tokenledger_prefix_cache_hit_tokens_total",
+                                  "Prompt tokens served from the prefix cache (hit rate: this / query)", registry=r)
         self.kv_total = Gauge("tokenledger_kv_total_tokens", "KV slots in the pool", registry=r)
         self.durable_lsn = Gauge("tokenledger_wal_durable_lsn", "Highest durable log sequence number", registry=r)
         self.aborts = Counter("tokenledger_aborts_total", "Aborts received, by source", ["source"], registry=r)
@@ -38,12 +43,15 @@ class Metrics:
         self._seen_aborts: dict[str, int] = {}
         self._seen_discarded = 0
         self._seen_generated = 0
+        self._seen_query = 0
+        self._seen_hit = 0
 
     def on_stats(self, s: StatsMsg) -> None:
         self.running.set(s.running)
         self.waiting.set(s.waiting)
         self.kv_used.set(s.kv_used)
         self.kv_total.set(s.kv_total)
+        self.kv_cached.set(s.kv_cached)
         self.durable_lsn.set(s.durable_lsn)
         for v in s.step_seconds:
             self.step_time.observe(v)
@@ -56,6 +64,9 @@ class Metrics:
         self.discarded.inc(s.discarded - self._seen_discarded)
         self.generated.inc(s.generated - self._seen_generated)
         self._seen_discarded, self._seen_generated = s.discarded, s.generated
+        self.prefix_query.inc(s.prefix_query_tokens - self._seen_query)
+        self.prefix_hit.inc(s.prefix_hit_tokens - self._seen_hit)
+        self._seen_query, self._seen_hit = s.prefix_query_tokens, s.prefix_hit_tokens
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

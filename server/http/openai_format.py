@@ -12,10 +12,12 @@ def finish_reason(view: CommittedView) -> str | None:
     return None if view.finish is None else str(view.finish["type"])
 
 
-def usage(views: list[CommittedView]) -> dict[str, int]:
+def usage(views: list[CommittedView]) -> dict[str, Any]:
     prompt = sum(len(v.prompt_ids) for v in views)
     completion = sum(len(v.output_ids) for v in views)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    cached = sum(v.cached_tokens for v in views)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def envelope(rid: str, kind: str, model: str, choices: list[dict[str, Any]]) -> dict[str, Any]:

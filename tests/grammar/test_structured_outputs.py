@@ -50,7 +50,7 @@ def engine(tiny_checkpoint):
     e = Engine(model_path=str(tiny_checkpoint("llama")), max_total_tokens=8192)
     yield e
     e.shutdown()
-    assert e.scheduler.kv_pool.num_free == e.scheduler.kv_pool.capacity
+    assert e.scheduler.kv_live_tokens == 0
 
 
 def _prompts(n: int) -> list[str]:

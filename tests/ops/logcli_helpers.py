@@ -53,9 +53,9 @@ def begin(rid: str, prompt: list[int] | None = None) -> Entry:
 
 
 def commit(rid: str, ids: list[int], wm: int | None = None, lp: list[float] | None = None,
-           fin: FinishReason | None = None, matched: Any = None) -> Entry:
+           fin: FinishReason | None = None, matched: Any = None, cached: int = 0) -> Entry:
     delta = Delta(output_ids=ids, output_logprobs=[-0.5] * len(ids) if lp is None else lp, kv_committed_len=wm,
-                  finish_reason=fin, finish_matched=matched)
+                  finish_reason=fin, finish_matched=matched, cached_tokens=cached)
     return Entry(Kind.COMMIT, rid, delta.to_payload())
 
 

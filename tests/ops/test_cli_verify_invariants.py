@@ -93,3 +93,19 @@ def test_parallel_ranges_find_exactly_what_one_range_finds(tmp_path: Path, monke
         assert (many.head, many.num_records, many.merged.finish_counts) == (one.head, one.num_records,
                                                                             one.merged.finish_counts)
     assert [(v.rid, v.check) for v in one.violations] == [("r1", "I2"), ("r2", "I6"), ("r3", "I7")]
+
+
+@pytest.mark.parametrize(("groups", "message"), [
+    ([[begin("r"), commit("r", [1], wm=4), commit("r", [2], wm=5, cached=3)]], "not the request's first"),
+    ([[begin("r"), commit("r", [1], wm=2, cached=3)]], "below the cached prefix"),
+])
+def test_a_cached_prefix_off_the_first_commit_or_beyond_its_watermark_is_a_violation(tmp_path: Path, groups,
+                                                                                      message) -> None:
+    write_log(tmp_path / "log", groups)
+    (v,) = _violations(tmp_path / "log")
+    assert v["rid"] == "r" and v["check"] == "watermark" and message in v["message"]
+
+
+def test_a_cached_prefix_on_the_first_commit_verifies(tmp_path: Path) -> None:
+    write_log(tmp_path / "log", [[begin("r"), commit("r", [1], wm=4, cached=3)], [finish("r", "length", 1, 4)]])
+    assert cli("verify", "--log-dir", tmp_path / "log").rc == 0

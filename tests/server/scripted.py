@@ -56,7 +56,7 @@ class ScriptedRuntime:
         self.sched.runner.launch = spy  # type: ignore[method-assign]
 
     def submit(self, input_ids: list[int], rid: str, **params: Any) -> Req:
-        logprob = {k: params.pop(k) for k in ("return_logprob", "top_logprobs_num", "return_hidden_states") if k in params}
+        logprob = {k: params.pop(k) for k in ("return_logprob", "top_logprobs_num", "return_hidden_states", "logprob_start_len") if k in params}
         params.setdefault("temperature", 0)
         (spec,), _ = self.builder.build(GenerateCall(input_ids=input_ids, sampling_params=params, rid=rid, **logprob))
         req = Req.from_spec(spec)

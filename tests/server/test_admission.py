@@ -28,7 +28,7 @@ def test_scheduler_process_rejects_a_rid_it_cannot_log_and_keeps_serving(tiny_ch
         proc._handle(generate_msg("after", GREEDY))
         while not proc.sched.is_idle:
             proc.sched.run_step()
-        assert proc.sched.kv_pool.num_free == proc.sched.kv_pool.capacity
+        assert proc.sched.kv_live_tokens == 0
     reader = LogReader.open(tmp_path / "log")
     try:
         kinds = [r.kind for r in reader.request_records("after")]

@@ -20,7 +20,7 @@ def test_engine_without_model_path_serves_the_cached_demo_model():
         assert engine.runtime.model_dir == first
     finally:
         engine.shutdown()
-    assert engine.scheduler.kv_pool.num_free == 2048
+    assert engine.scheduler.kv_live_tokens == 0
 
 
 def test_serve_flags_follow_sglang_names():

@@ -33,7 +33,9 @@ def test_engine_shutdown_aborts_live_requests_logged_and_frees_their_kv(tiny_che
     engine.shutdown()
     for t in threads:
         t.join(30)
-    assert pool.num_free == pool.capacity  # every slot back (I4)
+    assert engine.scheduler.kv_live_tokens == 0  # every slot back or in the prefix cache, unlocked (I4)
+    engine.scheduler.check_integrity()
+    assert pool.num_free + engine.scheduler.kv_cached_tokens == pool.capacity
     for rid in ("running", "queued"):
         out = results[rid]
         assert isinstance(out, dict), out

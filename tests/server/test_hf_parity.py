@@ -5,6 +5,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
+from server.forward_batch import ForwardMode
+
 MAX_NEW = 10
 PROMPT_LENS = [1, 3, 17, 40, 77, 130, 211, 317]
 TIE_TOL = 1e-4
@@ -108,3 +110,19 @@ def test_hidden_states_equal_hf_final_normed_states(tiny_checkpoint, make_engine
     got = torch.tensor(out["meta_info"]["hidden_states"])
     assert got.shape == want.shape
     assert torch.allclose(got, want, atol=1e-4)
+
+
+def test_i8_greedy_matches_hf_with_mixed_chunks_and_prefix_cache_hits(tiny_checkpoint, make_engine):
+    model_dir = tiny_checkpoint("llama")
+    base = _prompts(500)
+    shared = base[5]  # 130 tokens every later prompt starts with
+    prompts = [shared + tail for tail in base[:5]] + base[6:]
+    reference = _hf_greedy(model_dir, [shared, *prompts])
+    engine = make_engine(model_dir, chunked_prefill_size=29, enable_mixed_chunk=True)
+    params = {"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True}
+    first = engine.generate(input_ids=shared, sampling_params=params, return_logprob=True, top_logprobs_num=5)
+    outs = engine.generate(input_ids=prompts, sampling_params=params, return_logprob=True, top_logprobs_num=5)
+    assert [o["meta_info"]["cached_tokens"] for o in outs[:5]] == [len(shared)] * 5  # served from the cache
+    assert engine.scheduler.stats.steps[ForwardMode.MIXED] > 0  # chunks rode with running decodes
+    matched = sum(_compare(ours, ids, lps, top_k=5) for ours, (ids, lps) in zip([first, *outs], reference))
+    assert matched >= 0.9 * len(reference) * MAX_NEW

@@ -23,7 +23,7 @@ def test_request_that_does_not_fit_waits_and_all_slots_come_back(tiny_checkpoint
     alone = make_engine(model_dir)
     for prompt, out in zip(prompts, outs):
         assert out["output_ids"] == alone.generate(input_ids=prompt, sampling_params=GREEDY)["output_ids"]
-    assert engine.scheduler.kv_pool.num_free == 250
+    assert engine.scheduler.kv_live_tokens == 0
 
 
 def test_max_running_requests_caps_the_batch(tiny_checkpoint, make_engine):

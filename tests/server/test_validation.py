@@ -17,7 +17,8 @@ def engine(tiny_checkpoint):
     e = Engine(model_path=str(tiny_checkpoint("llama")), max_total_tokens=1000, context_length=512)
     yield e
     e.shutdown()
-    assert e.scheduler.kv_pool.num_free == 1000
+    assert e.scheduler.kv_live_tokens == 0
+    e.scheduler.check_integrity()
 
 
 @pytest.mark.parametrize(

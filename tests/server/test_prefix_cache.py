@@ -1,0 +1,185 @@
+"""The radix prefix cache: reuse of a shared prompt prefix, only committed KV in the tree, locks
+held by live requests, LRU eviction when admission needs memory (DESIGN I2, I4, I8)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from scripted import ScriptedRuntime
+
+from commitlog import Kind
+from server.forward_batch import ForwardMode
+from server.memory import TokenToKVPool
+from server.radix_cache import RadixCache
+
+CHUNK = 16
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def _cache_of(n: int) -> RadixCache:
+    return RadixCache(TokenToKVPool(n, 1, 1, 2, torch.float32))
+
+
+def _insert(cache: RadixCache, ids: list[int]) -> torch.Tensor:
+    slots = cache.kv_pool.alloc(len(ids))
+    assert slots is not None
+    cache.insert(ids, slots)
+    return slots
+
+
+# -- the tree alone -----------------------------------------------------------------------
+def test_match_splits_an_edge_and_insert_reports_what_was_already_cached():
+    cache = _cache_of(64)
+    slots = _insert(cache, [1, 2, 3, 4, 5])
+    match = cache.match_prefix([1, 2, 3, 9, 9], max_len=5)
+    assert match.length == 3 and match.slots.tolist() == slots[:3].tolist()
+    assert match.node.key == [1, 2, 3]  # the edge was split so the match ends on a node
+    other = cache.kv_pool.alloc(5)
+    assert cache.insert([1, 2, 3, 7, 8], other)[0] == 3  # the caller frees its own copy of [1, 2, 3]
+    assert cache.num_tokens == 7
+    assert cache.match_prefix([1, 2, 3, 4, 5, 6], max_len=4).length == 4  # max_len caps the match
+    cache.check_integrity()
+
+
+def test_eviction_frees_least_recently_used_unlocked_leaves_and_never_a_locked_path():
+    cache = _cache_of(64)
+    _insert(cache, [1, 1, 1])
+    _insert(cache, [2, 2, 2])
+    _insert(cache, [3, 3, 3])
+    locked = cache.match_prefix([1, 1, 1], max_len=3)  # the oldest insert, now locked
+    cache.lock(locked.node)
+    cache.match_prefix([3, 3, 3], max_len=3)  # [3, 3, 3] used more recently than [2, 2, 2]
+    assert cache.evict(1) == 3
+    assert cache.match_prefix([2, 2, 2], max_len=3).length == 0  # the least recently used went first
+    assert cache.evict(100) == 3  # everything unlocked goes; the locked path stays
+    assert cache.match_prefix([1, 1, 1], max_len=3).length == 3
+    cache.unlock(locked.node)
+    assert cache.num_evictable_tokens == 3 and cache.reset() == 3 and cache.kv_pool.num_free == 64
+    cache.check_integrity()
+
+
+# -- the scheduler with the cache -----------------------------------------------------------
+@pytest.fixture
+def rt(tiny_checkpoint, tmp_path):
+    runtime = ScriptedRuntime(tiny_checkpoint("llama"), tmp_path / "log", chunked_prefill_size=CHUNK)
+    yield runtime
+    runtime.drain()
+    runtime.sched.check_integrity()  # every slot free or held, unlocked, by the tree
+    assert runtime.sched.kv_live_tokens == 0
+    runtime.close()
+
+
+def test_shared_prefix_is_reused_logged_and_gives_the_cache_off_greedy_output(tiny_checkpoint, tmp_path):
+    system, tails = _prompt(48, 1), [_prompt(6, s) for s in (2, 3, 4)]
+    outputs = {}
+    for cache_on in (True, False):
+        run = ScriptedRuntime(tiny_checkpoint("llama"), tmp_path / f"log-{cache_on}", chunked_prefill_size=CHUNK,
+                              disable_radix_cache=not cache_on)
+        reqs = []
+        for i, tail in enumerate(tails):
+            reqs.append(run.submit(system + tail, f"r{i}", max_new_tokens=6, return_logprob=True))
+            run.drain()  # one at a time: each finds its predecessors' committed KV in the tree
+        outputs[cache_on] = [r.output_ids for r in reqs]
+        cached = [r.state.cached_tokens for r in reqs]
+        first_commit = [next(rec for rec in run.records(r.rid) if rec.kind is Kind.COMMIT).payload for r in reqs]
+        if cache_on:
+            assert cached == [0, 48, 48], cached
+            assert [p.get("pc", 0) for p in first_commit] == cached  # the log says what was reused
+            assert [run.rebuilt(r.rid).cached_tokens for r in reqs] == cached
+            assert run.sched.counters.prefix_hit_tokens == 96
+        else:
+            assert cached == [0, 0, 0] and run.sched.kv_cached_tokens == 0
+        run.sched.check_integrity()
+        run.close()
+    assert outputs[True] == outputs[False]  # I8: the cache changes what is computed, not the result
+
+
+def test_only_committed_kv_enters_the_tree_when_a_pending_final_chunk_is_aborted(rt):
+    prompt = _prompt(40, 1)
+    victim = rt.submit(prompt, "victim", max_new_tokens=8)
+    while victim.scheduled_prefill_len < victim.prompt_len:  # chunks 16 + 16 commit; the final 8 is pending
+        rt.sched.launch_next()
+        while len(rt.sched.inflight) > 1:
+            rt.sched.process_oldest()
+        rt.sched.flush()
+    assert victim.state.kv_committed_len == 32 and victim.inflight_batches == 1
+    rt.abort("victim")
+    rt.drain()  # the final chunk's result is discarded; its KV was written but never committed
+    assert victim.state.kv_committed_len == 32
+    assert rt.sched.kv_cached_tokens == 32, "the tree holds more than the victim's committed KV"
+    follower = rt.submit(prompt, "follower", max_new_tokens=4)
+    rt.drain()
+    assert follower.cached_len == follower.state.cached_tokens == 32  # never the discarded chunk's slots
+
+
+def test_an_aborted_request_releases_its_lock_on_the_matched_prefix(rt):
+    system = _prompt(40, 5)
+    rt.submit(system + [1, 2], "first", max_new_tokens=3)
+    rt.drain()
+    second = rt.submit(system + [3, 4], "second", max_new_tokens=50)
+    rt.step()
+    rt.step()
+    assert second.cached_len == 40 and rt.sched.cache.num_locked_tokens >= 40
+    rt.abort("second")
+    rt.drain()
+    assert rt.sched.cache.num_locked_tokens == 0
+    assert rt.sched.flush_cache() and rt.sched.kv_pool.num_free == rt.sched.kv_pool.capacity
+
+
+def test_admission_evicts_unlocked_cache_to_fit_and_keeps_a_live_requests_prefix(tiny_checkpoint, tmp_path):
+    rt = ScriptedRuntime(tiny_checkpoint("llama"), tmp_path / "log", chunked_prefill_size=CHUNK, max_total_tokens=200)
+    try:
+        system = _prompt(60, 9)
+        rt.submit(system + [1], "seed", max_new_tokens=2)
+        rt.drain()
+        holder = rt.submit(system + [2], "holder", max_new_tokens=80)  # locks the 60-token prefix
+        rt.step()
+        for i in range(4):  # distinct prompts whose KV fills the rest of the pool once finished
+            rt.submit(_prompt(30, 20 + i), f"filler{i}", max_new_tokens=2)
+            for _ in range(3):
+                rt.step()
+                rt.sched.check_integrity()
+        late = rt.submit(_prompt(50, 40), "late", max_new_tokens=10)  # fits only by evicting fillers
+        rt.drain()
+        assert late.state.finish_reason is not None and late.output_ids, "admission did not evict to make room"
+        assert holder.cached_len == 60 and len(holder.output_ids) == 80
+        assert rt.sched.cache.match_prefix(system, max_len=60).length == 60  # the locked prefix survived
+        rt.sched.check_integrity()
+        assert rt.sched.kv_live_tokens == 0
+    finally:
+        rt.close()
+
+
+def test_a_prompt_logprobs_request_recomputes_every_position_it_scores(rt):
+    prompt = _prompt(30, 6)
+    rt.submit(prompt, "warm", max_new_tokens=2)
+    rt.drain()
+    reusing = rt.submit(prompt, "reusing", max_new_tokens=1, return_logprob=True)
+    scoring = rt.submit(prompt, "scoring", max_new_tokens=1, return_logprob=True, logprob_start_len=0)
+    rt.drain()
+    assert reusing.cached_len == 29  # output logprobs only: all but the last prompt token reused
+    assert scoring.cached_len == 0 and len(scoring.state.input_logprobs) == 29  # every scored position computed
+
+
+def test_a_prompt_is_shared_once_its_prefill_commits_while_its_request_still_decodes(rt):
+    system = _prompt(48, 11)
+    first = rt.submit(system + [1], "first", max_new_tokens=40)
+    while first.state.kv_committed_len < first.prompt_len:
+        rt.step()
+    rt.step()  # the committed prompt is adopted by the tree, locked by the live request
+    assert not first.is_finished and first.owned_len == first.prompt_len
+    second = rt.submit(system + [2], "second", max_new_tokens=4)
+    rt.drain()
+    assert second.cached_len == 48 and not first.cached_len
+    assert len(first.output_ids) == 40
+
+
+def test_requests_arriving_together_with_a_shared_prefix_compute_it_once(rt):
+    system = _prompt(100, 12)
+    reqs = [rt.submit(system + [i + 1], f"r{i}", max_new_tokens=3) for i in range(4)]
+    rt.drain()
+    assert [r.cached_len for r in reqs] == [0, 100, 100, 100]  # the others waited for the first prefill
+    prefilled = sum(sum(b.extend_lens) for b in rt.launched if b.mode is ForwardMode.EXTEND)
+    assert prefilled == 101 + 3  # the shared 100 tokens were computed once, not four times
