@@ -74,7 +74,7 @@ class ModelRunner:
             apply_grammar_masks(logits, grammars)
         params = [batch.reqs[i].params for i in sampling]
         adjusted = None
-        if any(p.adjusts_logits for p in params):  # the zero-cost path: one flag per row, nothing else
+        if any(batch.reqs[i].adjusts_logits for i in sampling):  # the zero-cost path: one flag per row
             adjusted = adjust_logits(logits, self._adjust_rows(batch, sampling, sample_rows, logits.shape[1]),
                                      self.eos_ids)
         sampled = sample(logits, params, [batch.reqs[i].generator for i in sampling], batch.top_logprobs_max,

@@ -70,6 +70,11 @@ class Req:
     # Penalties' committed token counts, made at the request's first sampling forward; only a
     # committed transaction adds to them (None: the request has no penalties).
     counts: TokenCounts | None = None
+    # Read for every sampled row at every step (the sampler's zero-cost check): computed once.
+    adjusts_logits: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        self.adjusts_logits = self.params.adjusts_logits
 
     @classmethod
     def from_spec(cls, spec: RequestSpec) -> Req:

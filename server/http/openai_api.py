@@ -29,10 +29,11 @@ from server.http.native import SSE_DONE, sse
 from server.http.openai_format import (
     chat_logprobs,
     completion_logprobs,
-    echo_logprobs,
+    echo_text,
     envelope,
     finish_reason,
     usage,
+    whole_completion_logprobs,
 )
 from server.http.openai_sampling import SAMPLING_FIELDS, as_sent, sampling_fields
 from server.request import RequestSpec
@@ -231,31 +232,16 @@ async def _respond(front: Front, request: Request, body: dict[str, Any], call: C
 def _choice(front: Front, call: Call, index: int, view: CommittedView) -> dict[str, Any]:
     text = view.text(front.tokenizer)
     if call.kind == "text_completion":
-        return {"index": index, "text": _echoed(front, call, index, view) + text,
-                "logprobs": _completion_logprobs(front, call, view), "finish_reason": finish_reason(view)}
+        echoed = echo_text(view, front.tokenizer, call.prompt_texts, index) if call.echo else ""
+        return {"index": index, "text": echoed + text, "finish_reason": finish_reason(view),
+                "logprobs": None if call.logprobs is None else whole_completion_logprobs(view, front.tokenizer,
+                                                                                        call.logprobs, call.echo)}
     logprobs = None if call.logprobs is None else chat_logprobs(view, front.tokenizer, 0, call.logprobs)
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if front.args.reasoning_parser:
         message["content"] = view.text(front.tokenizer, view.reasoning_tokens)
         message["reasoning_content"] = view.reasoning_text(front.tokenizer) or None
     return {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason(view)}
-
-
-def _echoed(front: Front, call: Call, index: int, view: CommittedView) -> str:
-    """The prompt to echo: as sent when it was text, else its tokens decoded."""
-    if not call.echo:
-        return ""
-    if call.prompt_texts:  # choices are prompts-major per sample (see _build): index mod the prompt count
-        return call.prompt_texts[index % len(call.prompt_texts)]
-    return front.tokenizer.decode(view.prompt_ids, view.skip_special_tokens)
-
-
-def _completion_logprobs(front: Front, call: Call, view: CommittedView) -> dict[str, Any] | None:
-    if call.logprobs is None:
-        return None
-    if call.echo:
-        return echo_logprobs(view, front.tokenizer, call.logprobs)
-    return completion_logprobs(view, front.tokenizer, 0, call.logprobs, whole=True)
 
 
 async def _stream(front: Front, call: Call, submissions: list[Submission]) -> AsyncIterator[bytes]:

@@ -38,6 +38,19 @@ def completion_logprobs(view: CommittedView, tok: Tokenizer, start: int, k: int,
     }
 
 
+def whole_completion_logprobs(view: CommittedView, tok: Tokenizer, k: int, echo: bool) -> dict[str, Any]:
+    """A finished (non-streamed) completion's logprobs object; with `echo`, the prompt's come first."""
+    return echo_logprobs(view, tok, k) if echo else completion_logprobs(view, tok, 0, k, whole=True)
+
+
+def echo_text(view: CommittedView, tok: Tokenizer, prompt_texts: tuple[str, ...], index: int) -> str:
+    """The prompt to echo: as sent when it was text, else its tokens decoded. Choices are built
+    prompts-major for each sample (openai_api._build), so choice `index` echoes prompt index mod count."""
+    if prompt_texts:
+        return prompt_texts[index % len(prompt_texts)]
+    return tok.decode(view.prompt_ids, view.skip_special_tokens)
+
+
 def echo_logprobs(view: CommittedView, tok: Tokenizer, k: int) -> dict[str, Any]:
     """`echo` with `logprobs`: the prompt's tokens and logprobs, then the output's, as one list.
     The first prompt token has no context, so its logprob (and top list) is null, as in OpenAI's
