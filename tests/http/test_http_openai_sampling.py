@@ -2,6 +2,7 @@
 value is a 400 naming the field as the client spelled it."""
 from __future__ import annotations
 
+import json
 import re
 
 import httpx
@@ -94,6 +95,20 @@ def test_bad_sampling_control_on_completions_is_a_400_naming_it(server, field, v
     assert r.json()["error"]["param"] == param, r.text
 
 
-def test_echo_with_stream_is_refused_naming_echo(server):
-    r = _complete(server, max_tokens=2, echo=True, stream=True)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "echo", r.text
+@pytest.mark.parametrize("max_tokens", [0, 3])
+def test_streamed_echo_equals_the_non_streamed_answer(server, max_tokens):
+    body = {"model": _model(server), "prompt": "hello world", "max_tokens": max_tokens, "echo": True, "logprobs": 2,
+            **GREEDY}
+    whole = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    text, tokens, logprobs = "", [], []
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body | {"stream": True}, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                choice = json.loads(line[6:])["choices"][0]
+                text += choice["text"]
+                if choice["logprobs"]:
+                    tokens += choice["logprobs"]["tokens"]
+                    logprobs += choice["logprobs"]["token_logprobs"]
+    assert text == whole["text"] and text.startswith("hello world")
+    assert tokens == whole["logprobs"]["tokens"] and logprobs == whole["logprobs"]["token_logprobs"]
+    assert logprobs[0] is None and len(tokens) > max_tokens
