@@ -112,3 +112,15 @@ def test_streamed_echo_equals_the_non_streamed_answer(server, max_tokens):
     assert text == whole["text"] and text.startswith("hello world")
     assert tokens == whole["logprobs"]["tokens"] and logprobs == whole["logprobs"]["token_logprobs"]
     assert logprobs[0] is None and len(tokens) > max_tokens
+
+
+def test_skip_special_tokens_false_shows_a_special_token_in_the_text(server):
+    from server.tokenizer import Tokenizer
+
+    tok = Tokenizer(server.model_dir)
+    eos = tok.eos_token_id
+    assert eos is not None
+    forced = {"max_tokens": 2, "logit_bias": {str(eos): 100}, **GREEDY}  # ignore_eos: the EOS is just a token
+    hidden = _complete(server, **forced).json()["choices"][0]["text"]
+    shown = _complete(server, skip_special_tokens=False, **forced).json()["choices"][0]["text"]
+    assert hidden == "" and shown == tok.token_text(eos) * 2 != ""
