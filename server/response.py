@@ -5,14 +5,14 @@ builds it from the durable deltas it received. Both format through `format_outpu
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from commitlog import FinishReason
 from commitlog.audit import finish_reason_object
-from server.finish import trim_at_stop
+from server.finish import shown_text
 from server.outputs import RequestDelta
 from server.request import LogprobRequest, Req, RequestSpec
 from server.tokenizer import Tokenizer
@@ -67,17 +67,11 @@ class CommittedView:
             self.finish = delta.finish
 
     def text(self, tokenizer: Tokenizer, start: int = 0) -> str:
-        """The output text from output token `start` on, trimmed as SGLang trims it: before a matched
-        stop string, and without a matched stop token's own text; `no_stop_trim` keeps both."""
-        finish = self.finish or {}
-        reason = FinishReason(finish["type"]) if finish else None
-        matched = finish.get("matched")
-        ids = self.output_ids[start:]
-        trim = not self.no_stop_trim and reason is FinishReason.STOP
-        if trim and isinstance(matched, int) and not isinstance(matched, bool) and ids and ids[-1] == matched:
-            ids = ids[:-1]
-        text = tokenizer.decode(ids, self.skip_special_tokens, self.spaces_between_special_tokens)
-        return trim_at_stop(text, reason, matched) if trim else text
+        """The output text from output token `start` on, trimmed as the client is shown it."""
+        def decode(ids: Sequence[int]) -> str:
+            return tokenizer.decode(ids, self.skip_special_tokens, self.spaces_between_special_tokens)
+
+        return shown_text(self.output_ids[start:], decode, self.finish, self.no_stop_trim)
 
     def reasoning_text(self, tokenizer: Tokenizer) -> str:
         """The reasoning (thinking) part, without its <think> markers."""

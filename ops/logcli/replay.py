@@ -84,7 +84,7 @@ def print_timeline(records: list[Record], decoder: TextDecoder | None, alive: bo
                   f"{audit.completion_tokens} output token(s), {audit.discarded_results} discarded result(s)")
         out.print(f"output_ids {audit.output_ids}")
         if decoder is not None:
-            out.print(f"text {decoder.decode(audit.output_ids, audit.finish_reason)!r}")
+            out.print(f"text {decoder.decode(audit.output_ids, audit.finish_reason, audit.sampling_params)!r}")
 
 
 def _detail(record: Record, decoder: TextDecoder | None) -> str:

@@ -186,3 +186,17 @@ def test_no_adjustment_is_computed_when_no_request_asks(tiny_checkpoint, make_en
     engine = make_engine(tiny_checkpoint("llama"))
     out = engine.generate(input_ids=_prompt(5, 14), sampling_params={"max_new_tokens": 3, "temperature": 0.7})
     assert len(out["output_ids"]) == 3
+
+
+def test_a_matched_stop_token_is_trimmed_from_the_text_unless_no_stop_trim(tiny_checkpoint, make_engine):
+    engine = make_engine(tiny_checkpoint("llama"))
+    prompt = _prompt(6, 15)
+    greedy = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    ids = engine.generate(input_ids=prompt, sampling_params=greedy)["output_ids"]
+    stop = ids[2]
+    assert stop not in ids[:2]
+    tok = engine.tokenizer
+    trimmed = engine.generate(input_ids=prompt, sampling_params={**greedy, "stop_token_ids": [stop]})
+    kept = engine.generate(input_ids=prompt, sampling_params={**greedy, "stop_token_ids": [stop], "no_stop_trim": True})
+    assert trimmed["output_ids"] == kept["output_ids"] == ids[:3]  # the token is output either way, as in SGLang
+    assert trimmed["text"] == tok.decode(ids[:2]) and kept["text"] == tok.decode(ids[:3]) != trimmed["text"]
