@@ -53,6 +53,20 @@ def _stop_window(out: Sequence[int], longest: int, detokenize: Detokenize) -> st
     return detokenize(out[-k:])
 
 
+def shown_text(ids: Sequence[int], decode: Detokenize, finish: dict[str, object] | None, no_stop_trim: bool = False) -> str:
+    """The output text a client is shown, trimmed as SGLang trims it: without a matched stop
+    token's own text and cut before a matched stop string; `no_stop_trim` keeps both. The server's
+    responses and the log tools (export, replay) both decode through here."""
+    finish = finish or {}
+    reason = FinishReason(finish["type"]) if finish else None
+    matched = finish.get("matched")
+    trim = not no_stop_trim and reason is FinishReason.STOP
+    if trim and isinstance(matched, int) and not isinstance(matched, bool) and ids and ids[-1] == matched:
+        ids = ids[:-1]
+    text = decode(ids)
+    return trim_at_stop(text, reason, matched) if trim else text
+
+
 def trim_at_stop(text: str, reason: FinishReason | None, matched: object) -> str:
     """The returned text ends before a matched stop string, as in SGLang."""
     if reason is FinishReason.STOP and isinstance(matched, str):

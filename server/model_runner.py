@@ -75,8 +75,7 @@ class ModelRunner:
         params = [batch.reqs[i].params for i in sampling]
         adjusted = None
         if any(batch.reqs[i].adjusts_logits for i in sampling):  # the zero-cost path: one flag per row
-            adjusted = adjust_logits(logits, self._adjust_rows(batch, sampling, sample_rows, logits.shape[1]),
-                                     self.eos_ids)
+            adjusted = adjust_logits(logits, self._adjust_rows(batch, sampling, sample_rows, logits), self.eos_ids)
         sampled = sample(logits, params, [batch.reqs[i].generator for i in sampling], batch.top_logprobs_max,
                          adjusted)
         hidden_rows = [int(sample_rows[j]) for j, i in enumerate(sampling) if batch.reqs[i].logprob.return_hidden_states]
@@ -89,7 +88,7 @@ class ModelRunner:
         )
 
     def _adjust_rows(self, batch: ForwardBatch, sampling: list[int], sample_rows: torch.Tensor,
-                     vocab: int) -> list[AdjustRow]:
+                     logits: torch.Tensor) -> list[AdjustRow]:
         rows = []
         for j, i in enumerate(sampling):
             req = batch.reqs[i]
@@ -97,7 +96,7 @@ class ModelRunner:
             num_outputs = int(batch.positions[sample_rows[j]]) - req.prompt_len + 1
             if req.params.has_penalties and req.counts is None:
                 # Built from committed state only; from here on only a commit adds to it.
-                req.counts = TokenCounts(req.prompt_ids, req.output_ids, vocab)
+                req.counts = TokenCounts(req.prompt_ids, req.output_ids, logits.shape[1], logits.device)
             if req.counts is not None:
                 # The scheduler never launches a penalized request with a token pending, so its
                 # committed counts are exactly its history (as for a grammar's matcher).

@@ -106,8 +106,6 @@ def _completion_call(front: Front, body: dict[str, Any]) -> Call:
     if body.get("suffix"):
         raise InvalidRequestError("suffix is not supported", "suffix")
     echo = typed(body, "echo", bool, False)
-    if echo and typed(body, "stream", bool, False):
-        raise InvalidRequestError("echo is supported without stream only", "echo")
     params["max_new_tokens"] = typed(body, "max_tokens", int, 16)
     prompt = body.get("prompt")
     if prompt is None:
@@ -294,6 +292,7 @@ async def _choice_chunks(front: Front, call: Call, index: int, spec: RequestSpec
     text = IncrementalText(front.tokenizer, spec.params.stop)
     thinking = IncrementalText(front.tokenizer, ()) if front.args.reasoning_parser else None
     sent_tokens = 0
+    echo_due = call.echo  # the prompt rides on the first chunk, once its logprobs are all committed
     async for delta in front.stream(spec, view, submission):
         think = thinking.next_chunk(_Part(view, True)) if thinking else ""  # type: ignore[arg-type]
         chunk = text.next_chunk(_Part(view, False) if thinking else view)  # type: ignore[arg-type]
@@ -304,6 +303,11 @@ async def _choice_chunks(front: Front, call: Call, index: int, spec: RequestSpec
             piece["text"] = chunk
             piece["logprobs"] = (None if call.logprobs is None else
                                  completion_logprobs(view, front.tokenizer, sent_tokens, call.logprobs))
+            if echo_due:  # nothing was sent yet: this chunk is the whole answer so far, prompt first
+                piece["text"] = echo_text(view, front.tokenizer, call.prompt_texts, index) + chunk
+                piece["logprobs"] = (None if call.logprobs is None else
+                                     whole_completion_logprobs(view, front.tokenizer, call.logprobs, True))
+                echo_due = False
         else:
             piece["delta"] = ({"content": chunk} if chunk else {}) | ({"reasoning_content": think} if think else {})
             piece["logprobs"] = (None if call.logprobs is None else

@@ -30,20 +30,21 @@ class TokenCounts:
 
     __slots__ = ("output_counts", "prompt_mask", "num_tokens")
 
-    def __init__(self, prompt_ids: Sequence[int], output_ids: Sequence[int], vocab_size: int) -> None:
+    def __init__(self, prompt_ids: Sequence[int], output_ids: Sequence[int], vocab_size: int,
+                 device: torch.device | None = None) -> None:
         # Made inside the forward's inference mode, but added to at commit time, outside it:
-        # ordinary tensors, or the in-place add would be refused.
+        # ordinary tensors, or the in-place add would be refused. On the logits' device.
         with torch.inference_mode(False):
-            self.output_counts = torch.zeros(vocab_size, dtype=torch.float32)
-            self.prompt_mask = torch.zeros(vocab_size, dtype=torch.bool)
-            self.prompt_mask[torch.tensor(list(prompt_ids), dtype=torch.int64)] = True
+            self.output_counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+            self.prompt_mask = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+            self.prompt_mask[torch.tensor(list(prompt_ids), dtype=torch.int64, device=device)] = True
         self.num_tokens = 0
         self.add(output_ids)
 
     def add(self, token_ids: Sequence[int]) -> None:
         if token_ids:
-            ids = torch.tensor(list(token_ids), dtype=torch.int64)
-            self.output_counts.index_add_(0, ids, torch.ones(len(ids)))
+            ids = torch.tensor(list(token_ids), dtype=torch.int64, device=self.output_counts.device)
+            self.output_counts.index_add_(0, ids, torch.ones(len(ids), device=ids.device))
             self.num_tokens += len(ids)
 
 
@@ -62,12 +63,12 @@ def adjust_logits(logits: torch.Tensor, rows: list[AdjustRow], eos_ids: frozense
     picked = [i for i, r in enumerate(rows) if r.params.adjusts_logits]
     if not picked:
         return logits
-    index = torch.tensor(picked, dtype=torch.int64)
+    index = torch.tensor(picked, dtype=torch.int64, device=logits.device)
     sub = logits[index]  # a copy: the raw logits stay for the reported logprobs
     chosen = [rows[i] for i in picked]
     penalized = [j for j, r in enumerate(chosen) if r.params.has_penalties]
     if penalized:
-        at = torch.tensor(penalized, dtype=torch.int64)
+        at = torch.tensor(penalized, dtype=torch.int64, device=logits.device)
         sub[at] = _penalize(sub[at], [chosen[j] for j in penalized])
     _add_bias(sub, chosen)
     _mask_early_stops(sub, chosen, eos_ids)
@@ -81,11 +82,11 @@ def _penalize(logits: torch.Tensor, rows: list[AdjustRow]) -> torch.Tensor:
     assert all(c is not None for c in counts_of), "a penalized row needs its token counts"
     counts = torch.stack([c.output_counts for c in counts_of if c is not None])
     seen = torch.stack([c.prompt_mask for c in counts_of if c is not None]) | (counts > 0)
-    rep = torch.tensor([r.params.repetition_penalty for r in rows], dtype=logits.dtype)[:, None]
+    rep = torch.tensor([r.params.repetition_penalty for r in rows], dtype=logits.dtype, device=logits.device)[:, None]
     repeated = torch.where(logits > 0, logits / rep, logits * rep)
     logits = torch.where(seen, repeated, logits)
-    freq = torch.tensor([r.params.frequency_penalty for r in rows], dtype=logits.dtype)[:, None]
-    pres = torch.tensor([r.params.presence_penalty for r in rows], dtype=logits.dtype)[:, None]
+    freq = torch.tensor([r.params.frequency_penalty for r in rows], dtype=logits.dtype, device=logits.device)[:, None]
+    pres = torch.tensor([r.params.presence_penalty for r in rows], dtype=logits.dtype, device=logits.device)[:, None]
     return logits - freq * counts - pres * (counts > 0).to(logits.dtype)
 
 
@@ -95,8 +96,9 @@ def _add_bias(logits: torch.Tensor, rows: list[AdjustRow]) -> None:
     triples = [(j, t, b) for j, r in enumerate(rows) for t, b in r.params.logit_bias if t < vocab]
     if triples:
         at, tokens, bias = zip(*triples)
-        logits.index_put_((torch.tensor(at), torch.tensor(tokens)), torch.tensor(bias, dtype=logits.dtype),
-                          accumulate=True)
+        device = logits.device
+        logits.index_put_((torch.tensor(at, device=device), torch.tensor(tokens, device=device)),
+                          torch.tensor(bias, dtype=logits.dtype, device=device), accumulate=True)
 
 
 def _mask_early_stops(logits: torch.Tensor, rows: list[AdjustRow], eos_ids: frozenset[int]) -> None:
@@ -105,7 +107,7 @@ def _mask_early_stops(logits: torch.Tensor, rows: list[AdjustRow], eos_ids: froz
              for t in _stop_ids(r.params, eos_ids) if t < vocab]
     if pairs:
         at, tokens = zip(*pairs)
-        logits[torch.tensor(at), torch.tensor(tokens)] = float("-inf")
+        logits[torch.tensor(at, device=logits.device), torch.tensor(tokens, device=logits.device)] = float("-inf")
 
 
 def _stop_ids(params: SamplingParams, eos_ids: frozenset[int]) -> set[int]:

@@ -200,3 +200,19 @@ def test_a_matched_stop_token_is_trimmed_from_the_text_unless_no_stop_trim(tiny_
     kept = engine.generate(input_ids=prompt, sampling_params={**greedy, "stop_token_ids": [stop], "no_stop_trim": True})
     assert trimmed["output_ids"] == kept["output_ids"] == ids[:3]  # the token is output either way, as in SGLang
     assert trimmed["text"] == tok.decode(ids[:2]) and kept["text"] == tok.decode(ids[:3]) != trimmed["text"]
+
+
+@pytest.mark.gpu
+def test_adjustments_on_cuda_logits_equal_the_cpu_ones():
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(2, VOCAB, generator=g)
+    params = SamplingParams(repetition_penalty=1.3, frequency_penalty=0.4, presence_penalty=0.2,
+                            logit_bias=((3, 1.5),), min_new_tokens=2, stop_token_ids=(9,))
+    prompt, output = _prompt(6, 21, VOCAB), [4, 4, 8]
+    got = {}
+    for device in ("cpu", "cuda"):
+        counts = TokenCounts(prompt, output[:1], VOCAB, torch.device(device))
+        counts.add(output[1:])  # as a commit adds, on the counts' own device
+        rows = [AdjustRow(params, counts, 1), AdjustRow(SamplingParams(), None, 0)]
+        got[device] = adjust_logits(logits.to(device), rows, frozenset({7})).cpu()
+    torch.testing.assert_close(got["cuda"], got["cpu"])
