@@ -18,10 +18,10 @@ from server.models.config import ModelConfig
 from server.models.demo import model_dir_for
 from server.models.loader import load_model, parse_dtype
 from server.models.packed_linear import apply_linear_backend
+from server.radix_cache import RadixCache
 from server.request_builder import Limits
 from server.result_processing import FinishRules
 from server.schedule_policy import SchedulePolicy
-from server.radix_cache import RadixCache
 from server.scheduler import DeltaSink, Scheduler
 from server.tokenizer import Tokenizer
 

@@ -6,7 +6,7 @@ import json
 
 import httpx
 
-MAX_TOKENS = 200
+MAX_TOKENS = 600  # an abort lands long before a quarter of this, even on a loaded machine
 
 
 def model_name(server) -> str:
