@@ -20,6 +20,8 @@ from server.models.causal_lm import CausalLM
 from server.sampling.penalties import AdjustRow, TokenCounts, adjust_logits
 from server.sampling.sampler import sample
 
+INPUT_LOGPROB_ROWS = 256  # prompt positions scored per log_softmax: bounds memory at 256 x vocab floats
+
 
 @dataclass(slots=True)
 class ForwardHandle:
@@ -116,15 +118,18 @@ class ModelRunner:
                 # The logit for prompt position `pos` comes from the row of position pos-1.
                 rows.append(start + pos - 1 - batch.prefix_lens[i])
                 targets.append(req.prompt_ids[pos])
-        if not rows:
-            return InputLogprobs()
-        logprobs = torch.log_softmax(self.model.logits(hidden[torch.tensor(rows)]).float(), dim=-1)
-        chosen = logprobs.gather(1, torch.tensor(targets)[:, None])[:, 0].tolist()
+        out = InputLogprobs()
         k = batch.input_top_logprobs_max
-        if not k:
-            return InputLogprobs(chosen, [[] for _ in rows], [[] for _ in rows])
-        top_vals, top_ids = logprobs.topk(k, dim=-1)
-        return InputLogprobs(chosen, top_ids.tolist(), top_vals.tolist())
+        # In blocks of rows: a whole chunk's [rows, vocab] fp32 logits at once would be gigabytes.
+        for lo in range(0, len(rows), INPUT_LOGPROB_ROWS):
+            block = torch.tensor(rows[lo : lo + INPUT_LOGPROB_ROWS])
+            logprobs = torch.log_softmax(self.model.logits(hidden[block]).float(), dim=-1)
+            wanted = torch.tensor(targets[lo : lo + INPUT_LOGPROB_ROWS])[:, None]
+            out.logprobs.extend(logprobs.gather(1, wanted)[:, 0].tolist())
+            top_vals, top_ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], wanted[:, :0])
+            out.top_ids.extend(top_ids.tolist())
+            out.top_logprobs.extend(top_vals.tolist())
+        return out
 
 
 @dataclass(slots=True)
