@@ -9,6 +9,7 @@ the same order is exact on every device. On CPU the forward runs synchronously i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -75,11 +76,12 @@ class ModelRunner:
 
             apply_grammar_masks(logits, grammars)
         params = [batch.reqs[i].params for i in sampling]
-        adjusted = None
+        adjust = None
         if any(batch.reqs[i].adjusts_logits for i in sampling):  # the zero-cost path: one flag per row
-            adjusted = adjust_logits(logits, self._adjust_rows(batch, sampling, sample_rows, logits), self.eos_ids)
+            adjust = partial(adjust_logits, rows=self._adjust_rows(batch, sampling, sample_rows, logits),
+                             eos_ids=self.eos_ids)
         sampled = sample(logits, params, [batch.reqs[i].generator for i in sampling], batch.top_logprobs_max,
-                         adjusted)
+                         adjust)
         hidden_rows = [int(sample_rows[j]) for j, i in enumerate(sampling) if batch.reqs[i].logprob.return_hidden_states]
         inputs = self._input_logprobs(batch, hidden, ends)
         return BatchResult(
@@ -98,7 +100,7 @@ class ModelRunner:
             num_outputs = int(batch.positions[sample_rows[j]]) - req.prompt_len + 1
             if req.params.has_penalties and req.counts is None:
                 # Built from committed state only; from here on only a commit adds to it.
-                req.counts = TokenCounts(req.prompt_ids, req.output_ids, logits.shape[1], logits.device)
+                req.counts = TokenCounts(req.prompt_ids, req.output_ids, logits.device)
             if req.counts is not None:
                 # The scheduler never launches a penalized request with a token pending, so its
                 # committed counts are exactly its history (as for a grammar's matcher).

@@ -6,6 +6,7 @@ which is an exact draw from p and needs one noise vector per row.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -23,13 +24,15 @@ class SampleOutput:
 
 def sample(
     logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator], top_k_max: int,
-    adjusted: torch.Tensor | None = None,
+    adjust: Callable[[torch.Tensor], None] | None = None,
 ) -> SampleOutput:
-    """`adjusted`: the logits after penalties, logit_bias and min-tokens masks (`penalties.adjust_logits`),
-    which the token is drawn from; None when no row adjusts them (then nothing extra is computed)."""
+    """`adjust`: applies penalties, logit_bias and min-tokens masks to `logits` in place
+    (`penalties.adjust_logits`), after the reported logprobs are taken; None when no row asks."""
     # Logprobs are reported from the unmodified distribution, as HF's log_softmax gives them.
     logprobs_all = torch.log_softmax(logits, dim=-1)
-    choose_from = logits if adjusted is None else adjusted
+    if adjust is not None:
+        adjust(logits)  # the caller's own tensor: the token is drawn from the adjusted logits
+    choose_from = logits
     token_ids = choose_from.argmax(dim=-1)
     random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if random_rows:
