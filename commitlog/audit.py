@@ -82,6 +82,8 @@ class RequestAudit:
     incarnation: int = 1  # 1 for a rid's first BEGIN in the log, 2 when the rid was used again, ...
     cached_tokens: int = 0  # prompt tokens whose KV the prefix cache supplied
     begin_ns: int = field(default=0, repr=False)
+    # Prompt logprobs, from logprob_start_len (position 0, which has no context, is never scored).
+    input_logprobs: list[float] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -120,7 +122,7 @@ class _Trail:
             s.doom_source.value if s.doom_source else None, s.doom_reason, iso_time(s.abort_time_ns),
             len(s.discards), list(s.discards), s.num_commits, s.kv_committed_len, dict(s.sampling_params),
             self.begin.lsn, self.last_lsn, self.abort_lsn, self.finish.lsn if self.finish else None,
-            self.finish is not None, self.incarnation, s.cached_tokens, self.begin.ts_ns)
+            self.finish is not None, self.incarnation, s.cached_tokens, self.begin.ts_ns, list(s.input_logprobs))
 
 
 def audit_incarnations(records: Iterable[Record], writer_alive: bool = True) -> list[RequestAudit]:

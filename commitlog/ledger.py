@@ -25,7 +25,7 @@ from commitlog.state import (
     begin_entry,
     finish_entry,
 )
-from commitlog.txn import GrammarMatcher, Outcome, RequestTxn
+from commitlog.txn import GrammarMatcher, Outcome, RequestTxn, TokenCounter
 from commitlog.wal import META_FINGERPRINT, META_INSTANCE_PREFIX, META_TOKENIZER_DIR, Wal, WalConfig
 from commitlog.writer import DurableCallback, WalWriter
 
@@ -153,9 +153,9 @@ class Ledger:
     def step(self) -> Step:
         return Step(self)
 
-    def txn(self, rid: str, grammar: GrammarMatcher | None = None) -> RequestTxn:
+    def txn(self, rid: str, grammar: GrammarMatcher | None = None, counts: TokenCounter | None = None) -> RequestTxn:
         """A transaction for a running request; its record joins the next flushed group."""
-        return RequestTxn(self.get(rid), self._pending, grammar)
+        return RequestTxn(self.get(rid), self._pending, grammar, counts)
 
     def flush(self, on_durable: DurableCallback | None = None) -> int | None:
         """Write everything staged since the last flush as ONE group; None when nothing is staged."""
@@ -204,8 +204,8 @@ class Step:
         self._ledger = ledger
         self._txns: list[RequestTxn] = []
 
-    def open(self, rid: str, grammar: GrammarMatcher | None = None) -> RequestTxn:
-        txn = self._ledger.txn(rid, grammar)
+    def open(self, rid: str, grammar: GrammarMatcher | None = None, counts: TokenCounter | None = None) -> RequestTxn:
+        txn = self._ledger.txn(rid, grammar, counts)
         self._txns.append(txn)
         return txn
 

@@ -42,6 +42,7 @@ class RequestState:
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[TopLogprobs] = field(default_factory=list)
     input_logprobs: list[float] = field(default_factory=list)
+    input_top_logprobs: list[TopLogprobs] = field(default_factory=list)  # per scored prompt position, if asked
     hidden_states: list[bytes] = field(default_factory=list)
     num_grammar_tokens: int = 0
     num_reasoning_tokens: int = 0
@@ -81,6 +82,7 @@ class Delta:
     finish_reason: FinishReason | None = None
     finish_matched: int | str | None = None
     cached_tokens: int = 0  # only on a request's first COMMIT, and only when its prefix was cached
+    input_top_logprobs: list[TopLogprobs] = field(default_factory=list)
 
     def to_payload(self) -> Payload:
         fin = None if self.finish_reason is None else [self.finish_reason.value, self.finish_matched]
@@ -91,6 +93,8 @@ class Delta:
             "ilp": self.input_logprobs, "hs": self.hidden_states,
             "g": self.num_grammar_tokens, "rc": self.num_reasoning_tokens,
             "re": self.is_reasoning_ended, "wm": self.kv_committed_len, "fin": fin,
+            # Only when asked for (top_logprobs_num with prompt logprobs): most COMMITs stay as they were.
+            **({"itop": [[list(p) for p in top] for top in self.input_top_logprobs]} if self.input_top_logprobs else {}),
         }
 
     @classmethod
@@ -100,6 +104,7 @@ class Delta:
             list(p["ids"]), list(p["lp"]), [[(int(i), lp) for i, lp in top] for top in p["top"]],
             list(p["ilp"]), list(p["hs"]), p["g"], p["rc"], p["re"], p["wm"],
             None if fin is None else FinishReason(fin[0]), None if fin is None else fin[1], p.get("pc", 0),
+            [[(int(i), lp) for i, lp in top] for top in p.get("itop", ())],
         )
 
 
@@ -123,6 +128,7 @@ def apply_delta(state: RequestState, delta: Delta) -> None:
     state.output_logprobs.extend(delta.output_logprobs)
     state.output_top_logprobs.extend(delta.output_top_logprobs)
     state.input_logprobs.extend(delta.input_logprobs)
+    state.input_top_logprobs.extend(delta.input_top_logprobs)
     state.hidden_states.extend(delta.hidden_states)
     state.num_grammar_tokens += delta.num_grammar_tokens
     state.num_reasoning_tokens += delta.num_reasoning_tokens

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from typing import Protocol
 
 from commitlog.codec import Entry, Kind
@@ -24,6 +25,12 @@ class GrammarMatcher(Protocol):
     def rollback(self, num_tokens: int) -> None: ...
 
 
+class TokenCounter(Protocol):
+    """A request's penalty counts (server.sampling.penalties.TokenCounts): fed only by `commit`."""
+
+    def add(self, token_ids: Sequence[int]) -> None: ...
+
+
 class Outcome(enum.Enum):
     OPEN = "open"
     COMMITTED = "committed"
@@ -35,16 +42,19 @@ class RequestTxn:
 
     Grammar acceptance is applied to the matcher eagerly (the next mask needs it) and undone
     with `rollback(n)` if the transaction does not commit. Everything else is applied only
-    by `commit()`. Entries go to `entries`, the step's group, in call order.
+    by `commit()`, penalty counts included: the staged output tokens are added to `counts`
+    there and nowhere else. Entries go to `entries`, the step's group, in call order.
     """
 
-    __slots__ = ("state", "grammar", "outcome", "_delta", "_entries", "_num_accepted")
+    __slots__ = ("state", "grammar", "counts", "outcome", "_delta", "_entries", "_num_accepted")
 
-    def __init__(self, state: RequestState, entries: list[Entry], grammar: GrammarMatcher | None = None) -> None:
+    def __init__(self, state: RequestState, entries: list[Entry], grammar: GrammarMatcher | None = None,
+                 counts: TokenCounter | None = None) -> None:
         if state.is_finished:
             raise TxnStateError(f"request {state.rid!r} already finished ({state.finish_reason})")
         self.state = state
         self.grammar = grammar
+        self.counts = counts
         self.outcome = Outcome.OPEN
         self._delta = Delta()
         self._entries = entries
@@ -73,9 +83,14 @@ class RequestTxn:
             self._num_accepted += 1
         return accepted
 
-    def add_input_logprobs(self, logprobs: list[float]) -> None:
+    def add_input_logprobs(self, logprobs: list[float], top: list[TopLogprobs] | None = None) -> None:
+        """Stage prompt logprobs (one per scored position) and, when asked for, their top-k lists."""
         self._check_open()
+        if top is not None and len(top) != len(logprobs):
+            raise ValueError(f"{len(logprobs)} input logprob(s) but {len(top)} top-logprob list(s)")
         self._delta.input_logprobs.extend(float(lp) for lp in logprobs)
+        if top is not None:
+            self._delta.input_top_logprobs.extend([(int(i), float(lp)) for i, lp in t] for t in top)
 
     def add_hidden_state(self, blob: bytes) -> None:
         self._check_open()
@@ -115,6 +130,8 @@ class RequestTxn:
             return self.rollback(f"doomed: {self.state.doom_reason}")
         self._delta.num_grammar_tokens = self._num_accepted
         apply_delta(self.state, self._delta)
+        if self.counts is not None:
+            self.counts.add(self._delta.output_ids)
         self._entries.append(Entry(Kind.COMMIT, self.state.rid, self._delta.to_payload()))
         self.outcome = Outcome.COMMITTED
         if self.state.is_finished:

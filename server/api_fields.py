@@ -97,11 +97,7 @@ def same_value(value: object, neutral_value: object) -> bool:
 # Sampling controls another change is implementing (issue 15, item 3). Until it lands they are
 # accepted at their neutral value only. Dropping an entry here makes the field implemented on every
 # surface that lists it (a test fails while a SamplingParams field is still listed, to say so).
-AWAITING = {
-    "min_new_tokens": 0, "min_tokens": 0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-    "repetition_penalty": 1.0, "logit_bias": {}, "sampling_seed": None, "no_stop_trim": False,
-    "spaces_between_special_tokens": True, "echo": False,
-}
+AWAITING: dict[str, object] = {}  # every field once listed here is implemented now
 AWAITING_WHY = "not implemented yet"
 
 

@@ -94,6 +94,9 @@ class BatchBuilder:
 
 
 def _input_logprob_targets(req: Req, start: int, n: int) -> list[int]:
+    """Prompt positions this chunk [start, start+n) scores: its own and, through its last row, the
+    next chunk's first, so positions are scored across chunk borders exactly once. The prefix cache
+    never serves the rows these need (`prefix_cache._max_prefix`)."""
     if not req.wants_input_logprobs:
         return []
     first = max(start + 1, req.logprob.logprob_start_len, 1)

@@ -20,6 +20,8 @@ def check_finish(
         return FinishReason.LENGTH, params.max_new_tokens
     if prompt_len + len(output_ids) >= context_len:
         return FinishReason.LENGTH, len(output_ids)
+    if len(output_ids) < params.min_new_tokens:
+        return None  # the sampler masks EOS and stop ids until then; stop strings wait too (as in vLLM)
     last = output_ids[-1]
     if last in params.stop_token_ids or (not params.ignore_eos and last in eos_ids):
         return FinishReason.STOP, last
@@ -49,6 +51,20 @@ def _stop_window(out: Sequence[int], longest: int, detokenize: Detokenize) -> st
     while k < len(out) and len(detokenize(out[-k + 1:])) < need:
         k *= 2
     return detokenize(out[-k:])
+
+
+def shown_text(ids: Sequence[int], decode: Detokenize, finish: dict[str, object] | None, no_stop_trim: bool = False) -> str:
+    """The output text a client is shown, trimmed as SGLang trims it: without a matched stop
+    token's own text and cut before a matched stop string; `no_stop_trim` keeps both. The server's
+    responses and the log tools (export, replay) both decode through here."""
+    finish = finish or {}
+    reason = FinishReason(finish["type"]) if finish else None
+    matched = finish.get("matched")
+    trim = not no_stop_trim and reason is FinishReason.STOP
+    if trim and isinstance(matched, int) and not isinstance(matched, bool) and ids and ids[-1] == matched:
+        ids = ids[:-1]
+    text = decode(ids)
+    return trim_at_stop(text, reason, matched) if trim else text
 
 
 def trim_at_stop(text: str, reason: FinishReason | None, matched: object) -> str:

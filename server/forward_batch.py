@@ -45,6 +45,11 @@ class ForwardBatch:
     def top_logprobs_max(self) -> int:
         return max((r.logprob.top_logprobs_num for r, s in zip(self.reqs, self.samples) if s), default=0)
 
+    @property
+    def input_top_logprobs_max(self) -> int:
+        """Top-k width for prompt positions: the widest among requests scoring any in this forward."""
+        return max((r.logprob.top_logprobs_num for r, t in zip(self.reqs, self.input_logprob_targets) if t), default=0)
+
 
 @dataclass(slots=True)
 class BatchResult:
@@ -53,4 +58,6 @@ class BatchResult:
     top_ids: list[list[int]]  # width = batch.top_logprobs_max
     top_logprobs: list[list[float]]
     input_logprobs: list[float]  # packed over requests' targets
+    input_top_ids: list[list[int]]  # one list per target, width = batch.input_top_logprobs_max
+    input_top_logprobs: list[list[float]]
     hidden_states: torch.Tensor  # [n, hidden], one row per sampling request that asked

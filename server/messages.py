@@ -28,8 +28,7 @@ class GenerateMsg:
         return cls(spec.rid, spec.prompt_ids, spec.params.to_dict(), dataclasses.asdict(spec.logprob))
 
     def to_spec(self) -> RequestSpec:
-        params = SamplingParams(**{**self.sampling, "stop": tuple(self.sampling["stop"]),
-                                   "stop_token_ids": tuple(self.sampling["stop_token_ids"])})
+        params = SamplingParams.from_wire(self.sampling)
         return RequestSpec(self.rid, self.prompt_ids, params, LogprobRequest(**self.logprob))
 
 

@@ -8,7 +8,8 @@ the same order is exact on every device. On CPU the forward runs synchronously i
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -17,7 +18,10 @@ from server.errors import ConfigError
 from server.forward_batch import BatchResult, ForwardBatch
 from server.memory import TokenToKVPool
 from server.models.causal_lm import CausalLM
+from server.sampling.penalties import AdjustRow, TokenCounts, adjust_logits
 from server.sampling.sampler import sample
+
+INPUT_LOGPROB_ROWS = 256  # prompt positions scored per log_softmax: bounds memory at 256 x vocab floats
 
 
 @dataclass(slots=True)
@@ -33,8 +37,10 @@ class ForwardHandle:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, kv_pool: TokenToKVPool, future_slots: int, attention_backend: str = "auto") -> None:
+    def __init__(self, model: CausalLM, kv_pool: TokenToKVPool, future_slots: int, attention_backend: str = "auto",
+                 eos_ids: frozenset[int] = frozenset()) -> None:
         self.model = model
+        self.eos_ids = eos_ids  # masked, with stop_token_ids, until a request's min_new_tokens are out
         self.kv_pool = kv_pool
         self.scale = model.config.head_dim**-0.5
         try:
@@ -69,18 +75,43 @@ class ModelRunner:
             from server.grammar.mask import apply_grammar_masks
 
             apply_grammar_masks(logits, grammars)
-        sampled = sample(
-            logits, [batch.reqs[i].params for i in sampling],
-            [batch.reqs[i].generator for i in sampling], batch.top_logprobs_max,
-        )
+        params = [batch.reqs[i].params for i in sampling]
+        adjust = None
+        if any(batch.reqs[i].adjusts_logits for i in sampling):  # the zero-cost path: one flag per row
+            adjust = partial(adjust_logits, rows=self._adjust_rows(batch, sampling, sample_rows, logits),
+                             eos_ids=self.eos_ids)
+        sampled = sample(logits, params, [batch.reqs[i].generator for i in sampling], batch.top_logprobs_max,
+                         adjust)
         hidden_rows = [int(sample_rows[j]) for j, i in enumerate(sampling) if batch.reqs[i].logprob.return_hidden_states]
+        inputs = self._input_logprobs(batch, hidden, ends)
         return BatchResult(
             next_token_ids=sampled.token_ids.tolist(), next_token_logprobs=sampled.logprobs.tolist(),
             top_ids=sampled.top_ids.tolist(), top_logprobs=sampled.top_logprobs.tolist(),
-            input_logprobs=self._input_logprobs(batch, hidden, ends), hidden_states=hidden[hidden_rows].float(),
+            input_logprobs=inputs.logprobs, input_top_ids=inputs.top_ids, input_top_logprobs=inputs.top_logprobs,
+            hidden_states=hidden[hidden_rows].float(),
         )
 
-    def _input_logprobs(self, batch: ForwardBatch, hidden: torch.Tensor, ends: torch.Tensor) -> list[float]:
+    def _adjust_rows(self, batch: ForwardBatch, sampling: list[int], sample_rows: torch.Tensor,
+                     logits: torch.Tensor) -> list[AdjustRow]:
+        rows = []
+        for j, i in enumerate(sampling):
+            req = batch.reqs[i]
+            # The input row's position says how many output tokens precede the one sampled here.
+            num_outputs = int(batch.positions[sample_rows[j]]) - req.prompt_len + 1
+            if req.params.has_penalties and req.counts is None:
+                # Built from committed state only; from here on only a commit adds to it.
+                req.counts = TokenCounts(req.prompt_ids, req.output_ids, logits.device)
+            if req.counts is not None:
+                # The scheduler never launches a penalized request with a token pending, so its
+                # committed counts are exactly its history (as for a grammar's matcher).
+                assert req.counts.num_tokens == num_outputs, f"{req.rid}: penalty counts out of step"
+            rows.append(AdjustRow(req.params, req.counts, num_outputs))
+        return rows
+
+    def _input_logprobs(self, batch: ForwardBatch, hidden: torch.Tensor, ends: torch.Tensor) -> InputLogprobs:
+        """Prompt logprobs for the positions requests asked for (only those: nothing is computed
+        for a batch where no request asked). A chunk scores its own positions and, through its
+        last row, the first position of the next chunk; `input_logprob_targets` says which."""
         rows: list[int] = []
         targets: list[int] = []
         for i, req in enumerate(batch.reqs):
@@ -89,7 +120,24 @@ class ModelRunner:
                 # The logit for prompt position `pos` comes from the row of position pos-1.
                 rows.append(start + pos - 1 - batch.prefix_lens[i])
                 targets.append(req.prompt_ids[pos])
-        if not rows:
-            return []
-        logprobs = torch.log_softmax(self.model.logits(hidden[torch.tensor(rows)]), dim=-1)
-        return logprobs.gather(1, torch.tensor(targets)[:, None])[:, 0].tolist()
+        out = InputLogprobs()
+        k = batch.input_top_logprobs_max
+        # In blocks of rows: a whole chunk's [rows, vocab] fp32 logits at once would be gigabytes.
+        for lo in range(0, len(rows), INPUT_LOGPROB_ROWS):
+            block = torch.tensor(rows[lo : lo + INPUT_LOGPROB_ROWS])
+            logprobs = torch.log_softmax(self.model.logits(hidden[block]).float(), dim=-1)
+            wanted = torch.tensor(targets[lo : lo + INPUT_LOGPROB_ROWS])[:, None]
+            out.logprobs.extend(logprobs.gather(1, wanted)[:, 0].tolist())
+            top_vals, top_ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], wanted[:, :0])
+            out.top_ids.extend(top_ids.tolist())
+            out.top_logprobs.extend(top_vals.tolist())
+        return out
+
+
+@dataclass(slots=True)
+class InputLogprobs:
+    """Packed over every request's targets, in batch order: one value and one top-k list per target."""
+
+    logprobs: list[float] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)

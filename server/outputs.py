@@ -14,6 +14,7 @@ class RequestDelta:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     input_logprobs: list[float] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)  # with top_logprobs_num
     hidden_states: list[list[float]] = field(default_factory=list)
     finish: dict[str, Any] | None = None  # SGLang's finish_reason object, once finished
     completion_tokens: int = 0  # committed output length after this delta

@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # the front never needs torch; only the scheduler builds Reqs
     import torch
 
     from server.radix_cache import TreeNode
+    from server.sampling.penalties import TokenCounts
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +67,14 @@ class Req:
     grammar_future: Future[Any] | None = None
     grammar: RequestGrammar | None = None
     reasoning: ReasoningParser | None = None  # the server's parser; None: no reasoning tracked
+    # Penalties' committed token counts, made at the request's first sampling forward; only a
+    # committed transaction adds to them (None: the request has no penalties).
+    counts: TokenCounts | None = None
+    # Read for every sampled row at every step (the sampler's zero-cost check): computed once.
+    adjusts_logits: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        self.adjusts_logits = self.params.adjusts_logits
 
     @classmethod
     def from_spec(cls, spec: RequestSpec) -> Req:
@@ -102,6 +111,12 @@ class Req:
         return self.grammar is not None and (self.reasoning is None or not self.reasoning.is_reasoning(self.state))
 
     @property
+    def reads_committed_history(self) -> bool:
+        """Does its next sampling read state only a commit advances (grammar matcher, penalty counts)?
+        Such a request never decodes while a token of it is pending."""
+        return self.grammar is not None or self.params.has_penalties
+
+    @property
     def wants_input_logprobs(self) -> bool:
         return self.logprob.return_logprob and self.logprob.logprob_start_len >= 0
 
@@ -113,5 +128,17 @@ class Req:
             "top_k": p.top_k, "min_p": p.min_p, "stop": list(p.stop), "stop_token_ids": list(p.stop_token_ids),
             "ignore_eos": p.ignore_eos, "seed": p.seed, "return_logprob": self.logprob.return_logprob,
             "top_logprobs_num": self.logprob.top_logprobs_num, "logprob_start_len": self.logprob.logprob_start_len,
-            "return_hidden_states": self.logprob.return_hidden_states,
+            "return_hidden_states": self.logprob.return_hidden_states, **self._control_params(),
         }
+
+    def _control_params(self) -> dict[str, object]:
+        """The sampling controls a request set away from neutral (kept out of BEGIN otherwise)."""
+        p = self.params
+        values: dict[str, object] = {
+            "min_new_tokens": p.min_new_tokens, "frequency_penalty": p.frequency_penalty,
+            "presence_penalty": p.presence_penalty, "repetition_penalty": p.repetition_penalty,
+            "logit_bias": [list(pair) for pair in p.logit_bias], "no_stop_trim": p.no_stop_trim,
+            "skip_special_tokens": p.skip_special_tokens, "spaces_between_special_tokens": p.spaces_between_special_tokens,
+        }
+        neutral = SamplingParams()
+        return {k: v for k, v in values.items() if v != (list(neutral.logit_bias) if k == "logit_bias" else getattr(neutral, k))}

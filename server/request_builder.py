@@ -118,6 +118,10 @@ class RequestBuilder:
         if need > self.limits.kv_capacity:
             raise InvalidRequestError(
                 f"prompt + max_new_tokens ({need}) exceeds the KV capacity {self.limits.kv_capacity}", "max_new_tokens")
+        bad_bias = [t for t, _ in params.logit_bias if t >= self.limits.vocab_size]
+        if bad_bias:
+            raise InvalidRequestError(f"logit_bias token id {bad_bias[0]} is outside the vocabulary "
+                                      f"[0, {self.limits.vocab_size})", "logit_bias")
         if logprob.logprob_start_len >= len(prompt):
             raise InvalidRequestError("logprob_start_len must be below the prompt length", "logprob_start_len")
         if params.seed is None:

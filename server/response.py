@@ -5,16 +5,16 @@ builds it from the durable deltas it received. Both format through `format_outpu
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from commitlog import FinishReason
 from commitlog.audit import finish_reason_object
-from server.finish import trim_at_stop
+from server.finish import shown_text
 from server.outputs import RequestDelta
-from server.request import LogprobRequest, Req
+from server.request import LogprobRequest, Req, RequestSpec
 from server.tokenizer import Tokenizer
 
 
@@ -28,11 +28,21 @@ class CommittedView:
     output_logprobs: list[float] = field(default_factory=list)
     output_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     input_logprobs: list[float] = field(default_factory=list)
+    input_top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
     hidden_states: list[list[float]] = field(default_factory=list)
     finish: dict[str, Any] | None = None
     e2e_latency: float = 0.0
     reasoning_tokens: int = 0  # the first `reasoning_tokens` output ids are reasoning (thinking)
     cached_tokens: int = 0  # prompt tokens whose KV the prefix cache supplied (as logged)
+    no_stop_trim: bool = False  # keep a matched stop string in the text (SGLang's no_stop_trim)
+    spaces_between_special_tokens: bool = True
+
+    @classmethod
+    def for_spec(cls, spec: RequestSpec) -> CommittedView:
+        """An empty view that the front fills from the request's durable deltas."""
+        p = spec.params
+        return cls(spec.rid, spec.prompt_ids, spec.logprob, p.skip_special_tokens, no_stop_trim=p.no_stop_trim,
+                   spaces_between_special_tokens=p.spaces_between_special_tokens)
 
     @classmethod
     def of(cls, req: Req) -> CommittedView:
@@ -40,14 +50,16 @@ class CommittedView:
         hidden = [np.frombuffer(b, dtype=np.float32).tolist() for b in s.hidden_states]
         return cls(req.rid, req.prompt_ids, req.logprob, req.params.skip_special_tokens, list(s.output_ids),
                    list(s.output_logprobs), [list(t) for t in s.output_top_logprobs], list(s.input_logprobs),
-                   hidden, finish_reason_object(s), (req.finish_time or req.arrival_time) - req.arrival_time,
-                   s.num_reasoning_tokens, s.cached_tokens)
+                   [list(t) for t in s.input_top_logprobs], hidden, finish_reason_object(s),
+                   (req.finish_time or req.arrival_time) - req.arrival_time, s.num_reasoning_tokens, s.cached_tokens,
+                   req.params.no_stop_trim, req.params.spaces_between_special_tokens)
 
     def apply(self, delta: RequestDelta) -> None:
         self.output_ids.extend(delta.token_ids)
         self.output_logprobs.extend(delta.logprobs)
         self.output_top_logprobs.extend([[(int(t), float(lp)) for t, lp in top] for top in delta.top_logprobs])
         self.input_logprobs.extend(delta.input_logprobs)
+        self.input_top_logprobs.extend([[(int(t), float(lp)) for t, lp in top] for top in delta.input_top_logprobs])
         self.hidden_states.extend(delta.hidden_states)
         self.reasoning_tokens = max(self.reasoning_tokens, delta.reasoning_tokens)
         self.cached_tokens = max(self.cached_tokens, delta.cached_tokens)
@@ -55,11 +67,11 @@ class CommittedView:
             self.finish = delta.finish
 
     def text(self, tokenizer: Tokenizer, start: int = 0) -> str:
-        """The output text from output token `start` on, trimmed at a matched stop string."""
-        text = tokenizer.decode(self.output_ids[start:], self.skip_special_tokens)
-        finish = self.finish or {}
-        reason = FinishReason(finish["type"]) if finish else None
-        return trim_at_stop(text, reason, finish.get("matched"))
+        """The output text from output token `start` on, trimmed as the client is shown it."""
+        def decode(ids: Sequence[int]) -> str:
+            return tokenizer.decode(ids, self.skip_special_tokens, self.spaces_between_special_tokens)
+
+        return shown_text(self.output_ids[start:], decode, self.finish, self.no_stop_trim)
 
     def reasoning_text(self, tokenizer: Tokenizer) -> str:
         """The reasoning (thinking) part, without its <think> markers."""
@@ -84,6 +96,7 @@ def format_output(view: CommittedView, tokenizer: Tokenizer) -> dict[str, Any]:
             meta["output_top_logprobs"] = [[(lp, t, None) for t, lp in top] for top in view.output_top_logprobs]
         if view.logprob.logprob_start_len >= 0:
             meta["input_token_logprobs"] = _input_logprobs(view)
+            meta["input_top_logprobs"] = _input_top_logprobs(view)
     if view.logprob.return_hidden_states:
         meta["hidden_states"] = view.hidden_states
     return {"text": view.text(tokenizer), "output_ids": list(view.output_ids), "meta_info": meta}
@@ -95,3 +108,12 @@ def _input_logprobs(view: CommittedView) -> list[tuple[float | None, int, None]]
     first = [(None, view.prompt_ids[0], None)] if start == 0 else []
     scored = range(max(start, 1), len(view.prompt_ids))
     return first + [(lp, view.prompt_ids[p], None) for p, lp in zip(scored, view.input_logprobs)]
+
+
+def _input_top_logprobs(view: CommittedView) -> list[list[tuple[float, int, None]] | None]:
+    """One list per prompt position from logprob_start_len, as SGLang shapes it: position 0 (no
+    context) is None; empty when no top_logprobs_num was asked for."""
+    if not view.logprob.top_logprobs_num:
+        return []
+    first: list[list[tuple[float, int, None]] | None] = [None] if view.logprob.logprob_start_len == 0 else []
+    return first + [[(lp, t, None) for t, lp in top] for top in view.input_top_logprobs]

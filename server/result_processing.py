@@ -3,7 +3,7 @@
 This is the commit boundary. For each request, in packed order: claim its segment of
 every packed field (the cursors advance whether or not anything is applied, I3), open a
 transaction, stage every mutation — input logprobs, KV watermark, token, logprobs,
-hidden state, reasoning count, grammar acceptance, finish — then commit. A doomed
+hidden state, reasoning count, grammar acceptance, penalty counts, finish — then commit. A doomed
 (aborted) request's commit rolls back: nothing is applied, the grammar matcher is rolled
 back, a DISCARD and a FINISH(abort) are logged (I1, I2). A token the grammar rejects is
 never committed: the transaction rolls back and the request finishes with an abort that
@@ -49,10 +49,9 @@ def process_result(
                                    len(batch.input_logprob_targets[i]))
         if req.is_finished:
             continue  # finished while this result was pending: its segment is skipped, unlogged
-        txn = step.open(req.rid, req.grammar)
-        delta = RequestDelta(rid=req.rid, input_logprobs=result.input_logprobs[ilp])
-        if delta.input_logprobs:
-            txn.add_input_logprobs(delta.input_logprobs)
+        txn = step.open(req.rid, req.grammar, req.counts)
+        delta = RequestDelta(rid=req.rid)
+        _stage_input_logprobs(txn, req, result, ilp, delta)
         if req.state.num_commits == 0 and req.cached_len:
             txn.note_cached_prefix(req.cached_len)
         # Absolute: a cache hit's first segment starts past the prefix it did not compute.
@@ -63,6 +62,18 @@ def process_result(
         if _commit(txn, req, delta, out, ledger, rejected):
             finished.append(req)
     return finished
+
+
+def _stage_input_logprobs(txn: RequestTxn, req: Req, result: BatchResult, ilp: slice, delta: RequestDelta) -> None:
+    """Prompt logprobs this forward scored for the request (a chunk's share), with their top-k if asked."""
+    delta.input_logprobs = result.input_logprobs[ilp]
+    if not delta.input_logprobs:
+        return
+    k = req.logprob.top_logprobs_num
+    top = [list(zip(ids[:k], lps[:k])) for ids, lps in zip(result.input_top_ids[ilp], result.input_top_logprobs[ilp])]
+    txn.add_input_logprobs(delta.input_logprobs, top if k else None)
+    if k:
+        delta.input_top_logprobs = top
 
 
 def _stage_sampled(

@@ -83,7 +83,7 @@ def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink, beside_front
     policy = SchedulePolicy(args.max_running_requests, args.chunked_prefill_size, args.max_prefill_tokens,
                             context_len, overlap=not args.disable_overlap_schedule,
                             mixed_chunk=args.enable_mixed_chunk)
-    runner = ModelRunner(model, kv_pool, policy.future_slots, args.attention_backend)
+    runner = ModelRunner(model, kv_pool, policy.future_slots, args.attention_backend, frozenset(eos))
     grammars = GrammarCompiler(tokenizer.hf_tokenizer, cfg.vocab_size, sorted(eos))
     reasoning = (ReasoningParser.create(args.reasoning_parser, tokenizer.token_id(THINK_START),
                                         tokenizer.token_id(THINK_END)) if args.reasoning_parser else None)

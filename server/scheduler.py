@@ -11,7 +11,9 @@ Structured output: a constrained request's mask for step N+1 needs step N's toke
 by its matcher, which happens only when step N's result commits. So such a request never
 decodes while a token of it is pending (`_can_decode`), and `run_step` processes pending
 results before launching whenever a constrained request is waiting on one: those steps run
-without overlap, which keeps their output identical to the non-overlap schedule.
+without overlap, which keeps their output identical to the non-overlap schedule. Penalized
+requests (repetition/frequency/presence) follow the same rule: their token counts are
+committed state too (`Req.reads_committed_history`).
 """
 from __future__ import annotations
 
@@ -176,11 +178,12 @@ class Scheduler:
     def _can_decode(self, req: Req) -> bool:
         # I2: a doomed request never enters a new batch (no optimistic step, no KV slot).
         # Length limits are known ahead, so no token the finish check would refuse is scheduled.
-        # A constrained request's mask needs its previous token accepted, i.e. committed.
+        # A constrained request's mask needs its previous token accepted, i.e. committed; a
+        # penalized request's counts likewise hold committed tokens only.
         n = req.scheduled_tokens
         return (not req.is_doomed and not req.is_finished and n < req.params.max_new_tokens
                 and req.prompt_len + n < self.policy.context_len
-                and not (req.grammar is not None and req.inflight_tokens))
+                and not (req.reads_committed_history and req.inflight_tokens))
 
     def _admit_for_extend(self) -> list[tuple[Req, int]]:
         budget = self.policy.prefill_budget
@@ -296,7 +299,7 @@ class Scheduler:
             wait(futures, timeout=0.05, return_when=FIRST_COMPLETED)
 
     def _grammar_waits_on_pending(self) -> bool:
-        return any(r.grammar is not None and r.inflight_tokens and not r.is_doomed for r in self.running)
+        return any(r.reads_committed_history and r.inflight_tokens and not r.is_doomed for r in self.running)
 
     def _finish_now(self, req: Req, reason: str) -> None:
         """Ends a request that never ran (no forward, no KV): FINISH(abort) with the reason."""

@@ -45,9 +45,12 @@ class Tokenizer:
             return list(self._load_hf().encode(text, add_special_tokens=True))
         return list(self._fast.encode(text, add_special_tokens=True).ids)
 
-    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True) -> str:
+        """`spaces_between_special_tokens` acts where transformers honours it (slow tokenizers); a
+        fast tokenizer's decoder places special tokens its own way, as SGLang's decode does too."""
         if self._fast is None:
-            return str(self._load_hf().decode(list(ids), skip_special_tokens=skip_special_tokens))
+            return str(self._load_hf().decode(list(ids), skip_special_tokens=skip_special_tokens,
+                                              spaces_between_special_tokens=spaces_between_special_tokens))
         return str(self._fast.decode(list(ids), skip_special_tokens=skip_special_tokens))
 
     def token_text(self, token_id: int) -> str:

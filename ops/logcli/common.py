@@ -114,13 +114,16 @@ class TextDecoder:
 
         self._tok = Tokenizer(Path(path))
 
-    def decode(self, ids: list[int], finish_reason: dict[str, Any] | None = None) -> str:
-        text = self._tok.decode(ids)
-        matched = (finish_reason or {}).get("matched")
-        if (finish_reason or {}).get("type") == "stop" and isinstance(matched, str):
-            cut = text.find(matched)
-            text = text if cut < 0 else text[:cut]
-        return text
+    def decode(self, ids: list[int], finish_reason: dict[str, Any] | None = None,
+               params: dict[str, Any] | None = None) -> str:
+        """`params`: the request's logged sampling params (their text options, when not neutral)."""
+        from server.finish import shown_text
+
+        p = params or {}
+        skip = bool(p.get("skip_special_tokens", True))
+        spaces = bool(p.get("spaces_between_special_tokens", True))
+        return shown_text(ids, lambda part: self._tok.decode(part, skip, spaces), finish_reason,
+                          bool(p.get("no_stop_trim", False)))
 
 
 def load_decoder(path: str | None, reader: IsolatedLog) -> TextDecoder | None:

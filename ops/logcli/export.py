@@ -50,5 +50,5 @@ def export_line(audit: RequestAudit, state: RequestState, decoder: TextDecoder |
     line["input_logprobs"] = list(state.input_logprobs)
     line["num_hidden_states"] = len(state.hidden_states)
     if decoder is not None:
-        line["text"] = decoder.decode(audit.output_ids, audit.finish_reason)
+        line["text"] = decoder.decode(audit.output_ids, audit.finish_reason, audit.sampling_params)
     return line

@@ -96,7 +96,7 @@ def print_timeline(records: list[Record], decoder: TextDecoder | None, alive: bo
                   f"{audit.completion_tokens} output token(s), {audit.discarded_results} discarded result(s)")
         out.print(f"output_ids {audit.output_ids}")
         if decoder is not None:
-            out.print(f"text {decoder.decode(audit.output_ids, audit.finish_reason)!r}")
+            out.print(f"text {decoder.decode(audit.output_ids, audit.finish_reason, audit.sampling_params)!r}")
 
 
 def _detail(record: Record, decoder: TextDecoder | None) -> str:
@@ -121,6 +121,8 @@ def _commit_detail(p: dict[str, Any], decoder: TextDecoder | None) -> str:
     parts = [f"tokens {list(p['ids'])}"]
     if p["lp"]:
         parts.append("logprobs [" + ", ".join(f"{lp:.4f}" for lp in p["lp"]) + "]")
+    if p["ilp"]:
+        parts.append(f"{len(p['ilp'])} prompt logprob(s) [" + ", ".join(f"{lp:.4f}" for lp in p["ilp"]) + "]")
     if decoder is not None and p["ids"]:
         parts.append(f"text {decoder.decode(list(p['ids']))!r}")
     if p["wm"] is not None:

@@ -155,7 +155,7 @@ class Front:
         """Runs requests to the end; None if the client disconnected (they are aborted then)."""
         if submissions is None:
             submissions = self.accept(specs)
-        views = [CommittedView(s.rid, s.prompt_ids, s.logprob, s.params.skip_special_tokens) for s in specs]
+        views = [CommittedView.for_spec(s) for s in specs]
         work: asyncio.Future[list[None]] = asyncio.ensure_future(
             asyncio.gather(*(self._drain(s, v, sub) for s, v, sub in zip(specs, views, submissions))))
         watcher: asyncio.Future[None] = asyncio.ensure_future(_wait_disconnect(request))

@@ -34,16 +34,16 @@ class IncrementalText:
     def _extend(self, view: CommittedView) -> str:
         """The text so far, decoding only the tokens added since the last call (plus a short
         window before them, so that a tokenizer's leading-space rules see their context)."""
-        ids, skip = view.output_ids, view.skip_special_tokens
+        ids, skip, spaces = view.output_ids, view.skip_special_tokens, view.spaces_between_special_tokens
         if len(ids) > self._read:
-            before = self.tokenizer.decode(ids[self._prefix:self._read], skip)
-            window = self.tokenizer.decode(ids[self._prefix:], skip)
+            before = self.tokenizer.decode(ids[self._prefix:self._read], skip, spaces)
+            window = self.tokenizer.decode(ids[self._prefix:], skip, spaces)
             if window.endswith("\ufffd"):
                 return self._decoded  # a character still split across tokens: wait for the rest
             if window.startswith(before):
                 self._decoded += window[len(before):]
             else:  # a tokenizer whose window decode is not additive here: decode it all, once
-                self._decoded = self.tokenizer.decode(ids, skip)
+                self._decoded = self.tokenizer.decode(ids, skip, spaces)
             self._prefix, self._read = self._read, len(ids)
         return self._decoded
 

@@ -70,7 +70,7 @@ async def _stream(front: Front, specs: list[RequestSpec], submissions: list[Subm
 
 async def _chunks(front: Front, spec: RequestSpec, submission: Submission,
                   index: int | None) -> AsyncGenerator[dict[str, Any], None]:
-    view = CommittedView(spec.rid, spec.prompt_ids, spec.logprob, spec.params.skip_special_tokens)
+    view = CommittedView.for_spec(spec)
     async for delta in front.stream(spec, view, submission):
         if delta.token_ids or delta.finish is not None:
             out = format_output(view, front.tokenizer)

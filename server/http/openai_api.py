@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -32,10 +32,13 @@ from server.http.openai_fields import CHAT, COMPLETIONS
 from server.http.openai_format import (
     chat_logprobs,
     completion_logprobs,
+    echo_text,
     envelope,
     finish_reason,
     usage,
+    whole_completion_logprobs,
 )
+from server.http.openai_sampling import as_sent, sampling_fields
 from server.http.streams import SSE_DONE, interleave, sse
 from server.request import RequestSpec
 from server.request_builder import GenerateCall
@@ -59,6 +62,8 @@ class Call:
     logprobs: int | None  # top-k to report per token; None: no logprobs
     include_usage: bool  # a last chunk with the usage of the whole response
     continuous_usage: bool  # every chunk carries the usage so far
+    echo: bool = False  # completions: the prompt comes back before the output (and its logprobs)
+    prompt_texts: tuple[str, ...] = ()  # the prompts as sent, when sent as text (echoed verbatim)
 
 
 def openai_router(front: Front) -> APIRouter:
@@ -106,11 +111,14 @@ def _common(front: Front, body: dict[str, Any]) -> tuple[str, dict[str, Any], in
     typed(body, "seed", int)  # each choice's seed is derived from it before SamplingParams checks them
     typed(body, "user", str)
     params = {k: body[k] for k in PASSED_AS_IS if body.get(k) is not None}
-    return model, params, n
+    return model, params | sampling_fields(body), n
 
 
 def _completion_call(front: Front, body: dict[str, Any]) -> Call:
     model, params, n = _common(front, body)
+    if body.get("suffix"):
+        raise InvalidRequestError("suffix is not supported", "suffix")
+    echo = typed(body, "echo", bool, False)
     params["max_new_tokens"] = typed(body, "max_tokens", int, 16)
     prompt = body.get("prompt")
     if prompt is None:
@@ -122,13 +130,20 @@ def _completion_call(front: Front, body: dict[str, Any]) -> Call:
     k = typed(body, "logprobs", int)
     if k is not None and not 0 <= k <= 20:
         raise InvalidRequestError("logprobs must be between 0 and 20", "logprobs")
-    return _build(front, body, model, "text_completion", GenerateCall(prompt=text, input_ids=ids), params, n, k)
+    # echo with logprobs scores the prompt too (lm-eval's loglikelihood): from position 0, whose value is null.
+    call = GenerateCall(prompt=text, input_ids=ids, logprob_start_len=0 if echo and k is not None else -1)
+    built = _build(front, body, model, "text_completion", call, params, n, k)
+    texts = (text,) if isinstance(text, str) else tuple(text or ())
+    return replace(built, echo=echo, prompt_texts=texts)
 
 
 def _chat_call(front: Front, body: dict[str, Any]) -> Call:
     model, params, n = _common(front, body)
     schema = _response_schema(typed(body, "response_format", dict))
     if schema is not None:
+        if {"json_schema", "regex", "ebnf"} & params.keys():  # two constraints: neither may win silently
+            raise InvalidRequestError("give response_format or one of json_schema, regex, ebnf, not both",
+                                      "response_format")
         params["json_schema"] = schema
     messages = parse_messages(body.get("messages"))
     prompt_ids = front.tokenizer.apply_chat_template(messages, template_kwargs(body.get("chat_template_kwargs")))
@@ -176,7 +191,10 @@ def _build(front: Front, body: dict[str, Any], model: str, kind: str, call: Gene
     for i in range(n):
         seeded = {**params, "seed": params["seed"] + i} if "seed" in params else params
         call.sampling_params, call.rid = seeded, None
-        built, _ = builder.build(call)
+        try:
+            built, _ = builder.build(call)
+        except InvalidRequestError as exc:
+            raise as_sent(exc) from None
         specs.extend(built)
     specs = [RequestSpec(rid if len(specs) == 1 else f"{rid}-{i}", s.prompt_ids, s.params, s.logprob)
              for i, s in enumerate(specs)]
@@ -228,8 +246,10 @@ async def _respond(front: Front, request: Request, body: dict[str, Any], call: C
 def _choice(front: Front, call: Call, index: int, view: CommittedView) -> dict[str, Any]:
     text = view.text(front.tokenizer)
     if call.kind == "text_completion":
-        logprobs = None if call.logprobs is None else completion_logprobs(view, front.tokenizer, 0, call.logprobs)
-        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(view)}
+        echoed = echo_text(view, front.tokenizer, call.prompt_texts, index) if call.echo else ""
+        return {"index": index, "text": echoed + text, "finish_reason": finish_reason(view),
+                "logprobs": None if call.logprobs is None else whole_completion_logprobs(view, front.tokenizer,
+                                                                                        call.logprobs, call.echo)}
     logprobs = None if call.logprobs is None else chat_logprobs(view, front.tokenizer, 0, call.logprobs)
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if front.args.reasoning_parser:
@@ -242,7 +262,8 @@ async def _stream(front: Front, call: Call, submissions: list[Submission]) -> As
     """The choices stream together, interleaved as their tokens commit; each chunk names its
     choice's `index` (as vLLM and SGLang do)."""
     chunk_kind = "text_completion" if call.kind == "text_completion" else "chat.completion.chunk"
-    views = [CommittedView(s.rid, s.prompt_ids, s.logprob, s.params.skip_special_tokens) for s in call.specs]
+    views = [CommittedView.for_spec(s) for s in call.specs]
+
 
     def chunk(pieces: list[dict[str, Any]]) -> bytes:
         return sse(envelope(call.rid, chunk_kind, call.model, pieces) | (
@@ -265,6 +286,7 @@ async def _choice_chunks(front: Front, call: Call, index: int, spec: RequestSpec
     text = IncrementalText(front.tokenizer, spec.params.stop)
     thinking = IncrementalText(front.tokenizer, ()) if front.args.reasoning_parser else None
     sent_tokens = 0
+    echo_due = call.echo  # the prompt rides on the first chunk, once its logprobs are all committed
     async for delta in front.stream(spec, view, submission):
         think = thinking.next_chunk(_Part(view, True)) if thinking else ""  # type: ignore[arg-type]
         chunk = text.next_chunk(_Part(view, False) if thinking else view)  # type: ignore[arg-type]
@@ -275,6 +297,11 @@ async def _choice_chunks(front: Front, call: Call, index: int, spec: RequestSpec
             piece["text"] = chunk
             piece["logprobs"] = (None if call.logprobs is None else
                                  completion_logprobs(view, front.tokenizer, sent_tokens, call.logprobs))
+            if echo_due:  # nothing was sent yet: this chunk is the whole answer so far, prompt first
+                piece["text"] = echo_text(view, front.tokenizer, call.prompt_texts, index) + chunk
+                piece["logprobs"] = (None if call.logprobs is None else
+                                     whole_completion_logprobs(view, front.tokenizer, call.logprobs, True))
+                echo_due = False
         else:
             piece["delta"] = ({"content": chunk} if chunk else {}) | ({"reasoning_content": think} if think else {})
             piece["logprobs"] = (None if call.logprobs is None else

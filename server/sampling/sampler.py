@@ -6,6 +6,7 @@ which is an exact draw from p and needs one noise vector per row.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -22,15 +23,21 @@ class SampleOutput:
 
 
 def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator], top_k_max: int
+    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator], top_k_max: int,
+    adjust: Callable[[torch.Tensor], None] | None = None,
 ) -> SampleOutput:
+    """`adjust`: applies penalties, logit_bias and min-tokens masks to `logits` in place
+    (`penalties.adjust_logits`), after the reported logprobs are taken; None when no row asks."""
     # Logprobs are reported from the unmodified distribution, as HF's log_softmax gives them.
     logprobs_all = torch.log_softmax(logits, dim=-1)
-    token_ids = logits.argmax(dim=-1)
+    if adjust is not None:
+        adjust(logits)  # the caller's own tensor: the token is drawn from the adjusted logits
+    choose_from = logits
+    token_ids = choose_from.argmax(dim=-1)
     random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if random_rows:
         rows = torch.tensor(random_rows)
-        probs = _filtered_probs(logits[rows], [params[i] for i in random_rows])
+        probs = _filtered_probs(choose_from[rows], [params[i] for i in random_rows])
         token_ids[rows] = (probs / _exponential_noise(logits.shape[1], [generators[i] for i in random_rows])).argmax(dim=-1)
     chosen = logprobs_all.gather(1, token_ids[:, None])[:, 0]
     top_vals, top_ids = logprobs_all.topk(top_k_max, dim=-1) if top_k_max else (logprobs_all[:, :0], token_ids[:, None][:, :0])

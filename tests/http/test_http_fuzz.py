@@ -170,7 +170,10 @@ EDGE = {
     "text": [" ", "\u00e9", "\ud83d\ude00", "<s>", ["x"] * 3], "prompt": [" ", [[5], [6, 7]], ["a"] * 3],
     "messages": [[{"role": "user", "content": ""}], [{"role": "user", "content": [{"type": "text", "text": "t"}]}]],
     "response_format": [{"type": "json_object"}, {"type": "text"}], "stream_options": [{"include_usage": True}, {}],
-    "abort_all": [False], "echo": [False], "user": ["u"], "frequency_penalty": [0], "best_of": [1],
+    "abort_all": [False], "echo": [False, True], "user": ["u"], "frequency_penalty": [0, -2, 2], "best_of": [1],
+    "presence_penalty": [-2, 0.5, 2], "repetition_penalty": [1e-9, 1, 2], "min_new_tokens": [0, 1, 2], "min_tokens": [0, 1],
+    "logit_bias": [{}, {"0": 100}, {"511": -100, "5": 1e-9}], "no_stop_trim": [True],
+    "spaces_between_special_tokens": [False], "sampling_seed": [0, 2**63 - 1],
 }
 SMALL = {"max_new_tokens": 2, "temperature": 0}
 VALID = {

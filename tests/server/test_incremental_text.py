@@ -18,7 +18,7 @@ class CountingTokenizer:
         self.inner = inner
         self.decoded_ids = 0
 
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+    def decode(self, ids, skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True) -> str:
         self.decoded_ids += len(ids)
         return self.inner.decode(ids, skip_special_tokens)
 
