@@ -11,7 +11,9 @@ from server.request import LogprobRequest, Req, RequestSpec
 from server.sampling.params import SamplingParams
 
 _SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids",
-                  "ignore_eos", "seed")
+                  "ignore_eos", "seed", "min_new_tokens", "frequency_penalty", "presence_penalty",
+                  "repetition_penalty", "logit_bias", "no_stop_trim", "skip_special_tokens",
+                  "spaces_between_special_tokens")
 _LOGPROB_KEYS = ("return_logprob", "top_logprobs_num", "logprob_start_len", "return_hidden_states")
 _GRAMMAR_FIELDS = {GrammarKind.JSON_SCHEMA: "json_schema", GrammarKind.REGEX: "regex", GrammarKind.EBNF: "ebnf"}
 
@@ -32,6 +34,8 @@ def request_from_log(logged: LoggedRequest) -> Req:
     values = {k: params[k] for k in _SAMPLING_KEYS if k in params}
     values["stop"] = tuple(values.get("stop", ()))
     values["stop_token_ids"] = tuple(values.get("stop_token_ids", ()))
+    if "logit_bias" in values:  # logged as [[id, bias], ...]
+        values["logit_bias"] = tuple((int(i), float(b)) for i, b in values["logit_bias"])
     if logged.grammar is not None:
         values[_grammar_field(logged.grammar)] = json.loads(logged.grammar)["source"]
     sampling = SamplingParams(**values)
