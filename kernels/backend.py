@@ -9,7 +9,7 @@ this package owns, so `kernels/` never imports the server.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -34,6 +34,9 @@ class BatchLayout:
     # The longest request's KV length, where the builder knows it on the host (None: read it from
     # kv_indptr). Kernels size their grids by it; on a device, reading it back would wait for the stream.
     max_kv_len: int | None = None
+    # qo_indptr and kv_indptr as host (CPU, int32) copies, set by a builder whose layout lives on a
+    # device: FlashInfer plans its work on the host from them without reading the device back.
+    host_indptrs: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def of_requests(cls, out_cache_loc: torch.Tensor, kv_slots: list[torch.Tensor], extend_lens: list[int]) -> BatchLayout:
@@ -68,7 +71,13 @@ class BatchLayout:
                            torch.cat((self.qo_indptr, other.qo_indptr[1:] + q_end)),
                            torch.cat((self.kv_indptr, other.kv_indptr[1:] + kv_end)),
                            torch.cat((self.kv_indices, other.kv_indices)), self.is_decode and other.is_decode,
-                           _larger(self.max_kv_len, other.max_kv_len))
+                           _larger(self.max_kv_len, other.max_kv_len), _joined(self.host_indptrs, other.host_indptrs))
+
+    def with_host_indptrs(self, qo_lens: list[int], kv_lens: list[int]) -> BatchLayout:
+        """This layout with host copies of its index pointers, from per-request lengths known on the host."""
+        qo = torch.tensor([0, *qo_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        kv = torch.tensor([0, *kv_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        return replace(self, host_indptrs=(qo, kv))
 
     @property
     def num_requests(self) -> int:
@@ -82,6 +91,13 @@ class BatchLayout:
 
 def _larger(a: int | None, b: int | None) -> int | None:
     return None if a is None or b is None else max(a, b)
+
+
+def _joined(a: tuple[torch.Tensor, torch.Tensor] | None,
+            b: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    if a is None or b is None:
+        return None
+    return torch.cat((a[0], b[0][1:] + a[0][-1])), torch.cat((a[1], b[1][1:] + a[1][-1]))
 
 
 class AttentionContext(Protocol):

@@ -37,6 +37,8 @@ class BatchBuilder:
                                       torch.tensor(prefixes, dtype=torch.int64, device=self.device) + new, new,
                                       widest=max((p + n for p, n in zip(prefixes, extend_lens)), default=0),
                                       is_decode=all(n == 1 for n in extend_lens))
+        if self.device.type != "cpu":
+            layout = layout.with_host_indptrs(extend_lens, [p + n for p, n in zip(prefixes, extend_lens)])
         return ForwardBatch(
             mode=ForwardMode.EXTEND, reqs=reqs, extend_lens=extend_lens, prefix_lens=prefixes,
             input_ids=torch.tensor(ids, device=self.device), positions=torch.cat(positions), layout=layout,
@@ -61,6 +63,8 @@ class BatchBuilder:
         layout = BatchLayout.of_table(slots, self.req_pool.table, rows, pos + 1,
                                       torch.ones(len(reqs), dtype=torch.int64, device=self.device),
                                       widest=max(positions, default=-1) + 1, is_decode=True)
+        if self.device.type != "cpu":
+            layout = layout.with_host_indptrs([1] * len(reqs), [p + 1 for p in positions])
         return ForwardBatch(
             mode=ForwardMode.DECODE, reqs=list(reqs), extend_lens=[1] * len(reqs), prefix_lens=positions,
             input_ids=torch.tensor(inputs, device=self.device), positions=pos, layout=layout,
