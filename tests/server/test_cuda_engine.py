@@ -40,7 +40,7 @@ def _greedy(make_engine, checkpoint, **kwargs) -> list[list[int]]:
     return [o["output_ids"] for o in outs]
 
 
-@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "no-overlap"])
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap_on", "overlap_off"])
 @pytest.mark.parametrize("backend", list(BACKENDS))
 def test_i8_greedy_parity_of_each_backend_with_torch_on_cuda(make_engine, checkpoint, backend, overlap):
     _needs(backend)
