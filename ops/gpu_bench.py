@@ -1,8 +1,8 @@
 """Decode tok/s on a CUDA device, per attention backend and batch size, for ops/gpu_check.py.
 
-One random-weight Llama (hidden 1024, 8 layers, GQA 16/8, head_dim 64, bf16) built locally, driven
-through the offline `Engine` with the log's durability `none` (the WAL's fsync is not what this
-measures). Decode rate = B * (N2 - N1) / (t(N2) - t(N1)): two greedy runs of the same B prompts
+One random-weight Llama (hidden 1024, 8 layers, GQA 16/8, head_dim 64, fp16: the one half dtype
+the checks compile FlashInfer for) built locally, driven through the offline `Engine` with the
+log's durability `none` (the WAL's fsync is not what this measures). Decode rate = B * (N2 - N1) / (t(N2) - t(N1)): two greedy runs of the same B prompts
 that differ only in new tokens, so prefill and start-up cancel out. Prints one JSON line per cell.
 """
 from __future__ import annotations
@@ -17,8 +17,6 @@ from pathlib import Path
 
 PROMPT_LEN = 32
 SHORT, LONG = 16, 80  # new tokens of the two timed runs
-BENCH_SPEC_FIELDS = dict(vocab_size=2048, hidden_size=1024, intermediate_size=2816, num_layers=8, num_heads=16,
-                         num_kv_heads=8, head_dim=64, max_position_embeddings=4096, initializer_range=0.02, seed=7)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +30,10 @@ class Cell:
 def build_model(out: Path) -> Path:
     from server.models.demo import CheckpointSpec, build_checkpoint
 
-    return build_checkpoint(out, CheckpointSpec(architecture="LlamaForCausalLM", **BENCH_SPEC_FIELDS))
+    spec = CheckpointSpec(architecture="LlamaForCausalLM", vocab_size=2048, hidden_size=1024, intermediate_size=2816,
+                          num_layers=8, num_heads=16, num_kv_heads=8, head_dim=64, max_position_embeddings=4096,
+                          initializer_range=0.02, seed=7)
+    return build_checkpoint(out, spec)
 
 
 def _timed(engine, batch: int, new_tokens: int) -> float:
@@ -47,7 +48,7 @@ def measure(model_dir: Path, backend: str, batches: list[int]) -> list[Cell]:
     from server import Engine
 
     largest = max(batches)
-    engine = Engine(model_path=str(model_dir), device="cuda", attention_backend=backend, dtype="bfloat16",
+    engine = Engine(model_path=str(model_dir), device="cuda", attention_backend=backend, dtype="float16",
                     max_running_requests=largest, max_total_tokens=largest * (PROMPT_LEN + LONG) + 256,
                     chunked_prefill_size=largest * PROMPT_LEN, log_durability="none", disable_radix_cache=True)
     try:

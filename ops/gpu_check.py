@@ -27,8 +27,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 EXIT_FAILED, EXIT_NO_CUDA = 1, 2
-PYTEST_STEPS = (("tests/kernels", 150), ("tests/server/test_cuda_engine.py", 150))
-BENCH_TIMEOUT_S = 150
+# (test paths, seconds) per pytest run, then the bench; all of it within TOTAL_BUDGET_S (< 5 minutes).
+PYTEST_STEPS = ((("tests/kernels",), 100), (("tests/server/test_cuda_engine.py", "tests/server/test_cuda_sampling.py"), 130))
+BENCH_TIMEOUT_S = 90
+TOTAL_BUDGET_S = 290
 # The packages the device machine brings itself; everything else the project needs is installed on demand.
 DEVICE_PACKAGES = {"torch", "triton", "flashinfer-python"}
 ID_LABELS = {"torch", "triton", "flashinfer", "overlap_on", "overlap_off"}
@@ -96,10 +98,11 @@ def _summarise(key: str, outcomes: list[tuple[Status, str]]) -> Row:
     return Row(key, Status.PASS, detail)
 
 
-def run_pytest(path: str, timeout_s: int, env: dict[str, str]) -> list[Row]:
+def run_pytest(paths: tuple[str, ...], timeout_s: int, env: dict[str, str]) -> list[Row]:
+    path = " ".join(paths)
     with tempfile.TemporaryDirectory(prefix="tl-gpu-check-") as tmp:
         xml = Path(tmp) / "junit.xml"
-        cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", f"--junitxml={xml}", path]
+        cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", f"--junitxml={xml}", *paths]
         try:
             proc = subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout_s, capture_output=True, text=True)
         except subprocess.TimeoutExpired:
@@ -110,12 +113,12 @@ def run_pytest(path: str, timeout_s: int, env: dict[str, str]) -> list[Row]:
         return rows or [Row(path, Status.FAIL, "no gpu test was collected")]
 
 
-def run_bench(env: dict[str, str]) -> list[Row]:
+def run_bench(timeout_s: int, env: dict[str, str]) -> list[Row]:
     cmd = [sys.executable, "-m", "ops.gpu_bench"]
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, timeout=BENCH_TIMEOUT_S, capture_output=True, text=True)
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout_s, capture_output=True, text=True)
     except subprocess.TimeoutExpired:
-        return [Row("decode tok/s", Status.FAIL, f"ran past its {BENCH_TIMEOUT_S} s budget")]
+        return [Row("decode tok/s", Status.FAIL, f"ran past its {timeout_s} s budget")]
     rows = [_bench_row(json.loads(line)) for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode or not rows:
         rows.append(Row("decode tok/s", Status.FAIL, f"ops.gpu_bench exited {proc.returncode}: {proc.stderr[-200:]}"))
@@ -146,6 +149,11 @@ def print_table(rows: list[Row], seconds: float) -> None:
     print(f"\n{len(rows)} rows, {failed} failed, {seconds:.0f} s")
 
 
+def _within(budget_s: int, deadline: float) -> int:
+    """A step's budget, cut to what is left of the whole check's (at least 1 s, so it reports a timeout)."""
+    return max(1, min(budget_s, int(deadline - time.monotonic())))
+
+
 def cuda_device_name() -> str | None:
     import torch
 
@@ -169,10 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gpu_check on {device}", flush=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     started, rows = time.monotonic(), []
-    for path, timeout_s in PYTEST_STEPS:
-        rows += run_pytest(path, timeout_s, env)
+    deadline = started + TOTAL_BUDGET_S
+    for paths, budget in PYTEST_STEPS:
+        rows += run_pytest(paths, _within(budget, deadline), env)
     if not args.skip_bench:
-        rows += run_bench(env)
+        rows += run_bench(_within(BENCH_TIMEOUT_S, deadline), env)
     print_table(rows, time.monotonic() - started)
     return EXIT_FAILED if any(is_failure(r) for r in rows) else 0
 

@@ -4,9 +4,10 @@ Each request owns a `torch.Generator`, so a seeded request draws the same noise 
 else is in its batch. Sampling uses the exponential race (argmax of p / E with E ~ Exp(1)),
 which is an exact draw from p and needs one noise vector per row.
 
-On CUDA the same code runs on the device's logits; only the noise is drawn on the host, from each
-request's own CPU generator, and copied over, so a seeded request draws the same token on either
-device (and whatever its batch).
+On CUDA, FlashInfer's sampling kernels draw the random rows where flashinfer is installed
+(`server.sampling.device_sampler`: per-request seeds, other draws than the CPU's); without it the
+same race runs on the device's logits with the noise drawn on the host from each request's own
+generator and copied over, so a seeded request then draws what it draws on the CPU.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from server.sampling.device_sampler import device_sampling_available, draw_rows
 from server.sampling.params import SamplingParams
 
 
@@ -34,14 +36,24 @@ def sample(
     random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if random_rows:
         rows = torch.tensor(random_rows, device=logits.device)
-        probs = _filtered_probs(logits[rows], [params[i] for i in random_rows])
-        noise = _exponential_noise(logits.shape[1], [generators[i] for i in random_rows])
-        if logits.device.type != "cpu":
-            noise = noise.to(logits.device, non_blocking=True)
-        token_ids[rows] = (probs / noise).argmax(dim=-1)
+        row_params, row_generators = [params[i] for i in random_rows], [generators[i] for i in random_rows]
+        if device_sampling_available(logits):  # CUDA with FlashInfer: server.sampling.device_sampler
+            token_ids[rows] = draw_rows(logits[rows], row_params, row_generators)
+        else:
+            token_ids[rows] = _race(logits[rows], row_params, row_generators)
     chosen = logprobs_all.gather(1, token_ids[:, None])[:, 0]
     top_vals, top_ids = logprobs_all.topk(top_k_max, dim=-1) if top_k_max else (logprobs_all[:, :0], token_ids[:, None][:, :0])
     return SampleOutput(token_ids, chosen, top_ids, top_vals)
+
+
+def _race(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> torch.Tensor:
+    """The exponential race over each row's filtered distribution. Off the CPU (CUDA without FlashInfer)
+    the noise is still drawn on the host, from each request's own generator, and copied over."""
+    probs = _filtered_probs(logits, params)
+    noise = _exponential_noise(logits.shape[1], generators)
+    if logits.device.type != "cpu":
+        noise = noise.to(logits.device, non_blocking=True)
+    return (probs / noise).argmax(dim=-1)
 
 
 def _exponential_noise(vocab: int, generators: list[torch.Generator]) -> torch.Tensor:

@@ -37,7 +37,7 @@ def _flashinfer_present():
         pytest.skip("flashinfer is not installed here (the `cuda` extra)")
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16])  # one dtype: each FlashInfer config is compiled at first use
 @pytest.mark.parametrize("group", [1, 2, 4])
 @pytest.mark.parametrize("reqs", [[(0, 7)], [(300, 1), (5, 1), (64, 1)], [(100, 9), (31, 1), (0, 1)]],
                          ids=["extend", "decode", "mixed"])
