@@ -5,6 +5,8 @@ device; the scheduler's bookkeeping (free lists' lengths, reservations, the log)
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from server.errors import ConfigError
@@ -33,7 +35,5 @@ def kv_budget_bytes(device: torch.device, cpu_fraction: float, cuda_fraction: fl
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
         return int(free * cuda_fraction)
-    import os
-
     physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return int(physical * cpu_fraction)

@@ -68,3 +68,21 @@ def test_host_index_pointers_follow_the_layout_through_a_mixed_join():
     assert mixed.host_indptrs[0].tolist() == mixed.qo_indptr.tolist() == [0, 2, 3, 4]
     assert mixed.host_indptrs[1].tolist() == mixed.kv_indptr.tolist() == [0, 4, 6, 9]
     assert mixed.longest_kv() == 4 and mixed.max_kv_len == 4
+
+
+def test_forward_handle_waits_on_its_event_once_and_reads_back_once():
+    from server.model_runner import ForwardHandle, PendingResult
+
+    class Event:
+        waits = 0
+
+        def synchronize(self) -> None:
+            Event.waits += 1
+
+    pending = PendingResult(torch.tensor([4, 2]), torch.tensor([-0.5, -1.5]), torch.zeros(2, 0, dtype=torch.int64),
+                            torch.zeros(2, 0), torch.zeros(0), torch.zeros(0, 8))
+    handle = ForwardHandle(1, None, pending, Event())  # type: ignore[arg-type]
+    first = handle.result()
+    assert handle.result() is first and Event.waits == 1
+    assert first.next_token_ids == [4, 2] and first.next_token_logprobs == [-0.5, -1.5]
+    assert first.top_ids == [[], []] and first.input_logprobs == [] and first.hidden_states.shape == (0, 8)
