@@ -98,7 +98,14 @@ def _summarise(key: str, outcomes: list[tuple[Status, str]]) -> Row:
     return Row(key, Status.PASS, detail)
 
 
-def run_pytest(paths: tuple[str, ...], timeout_s: int, env: dict[str, str]) -> list[Row]:
+def _keep_output(log_dir: Path | None, name: str, proc: subprocess.CompletedProcess[str]) -> None:
+    """With --log-dir: a step's whole output, for when the table's one line is not enough."""
+    if log_dir is not None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        (log_dir / f"{name}.log").write_text(proc.stdout + proc.stderr)
+
+
+def run_pytest(paths: tuple[str, ...], timeout_s: int, env: dict[str, str], log_dir: Path | None = None) -> list[Row]:
     path = " ".join(paths)
     with tempfile.TemporaryDirectory(prefix="tl-gpu-check-") as tmp:
         xml = Path(tmp) / "junit.xml"
@@ -107,18 +114,20 @@ def run_pytest(paths: tuple[str, ...], timeout_s: int, env: dict[str, str]) -> l
             proc = subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout_s, capture_output=True, text=True)
         except subprocess.TimeoutExpired:
             return [Row(path, Status.FAIL, f"ran past its {timeout_s} s budget")]
+        _keep_output(log_dir, Path(paths[0]).stem, proc)
         if not xml.exists():
             return [Row(path, Status.FAIL, f"pytest exited {proc.returncode} without results: {proc.stderr[-200:]}")]
         rows = rows_from_junit(xml)
         return rows or [Row(path, Status.FAIL, "no gpu test was collected")]
 
 
-def run_bench(timeout_s: int, env: dict[str, str]) -> list[Row]:
+def run_bench(timeout_s: int, env: dict[str, str], log_dir: Path | None = None) -> list[Row]:
     cmd = [sys.executable, "-m", "ops.gpu_bench"]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, timeout=timeout_s, capture_output=True, text=True)
     except subprocess.TimeoutExpired:
         return [Row("decode tok/s", Status.FAIL, f"ran past its {timeout_s} s budget")]
+    _keep_output(log_dir, "gpu_bench", proc)
     rows = [_bench_row(json.loads(line)) for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode or not rows:
         rows.append(Row("decode tok/s", Status.FAIL, f"ops.gpu_bench exited {proc.returncode}: {proc.stderr[-200:]}"))
@@ -165,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--missing-deps", action="store_true",
                    help="print the requirements not installed here (one a line), and exit")
     p.add_argument("--skip-bench", action="store_true", help="the tests only, without decode tok/s")
+    p.add_argument("--log-dir", type=Path, default=None, help="keep each step's whole output there")
     args = p.parse_args(argv)
     if args.missing_deps:
         print("\n".join(missing_requirements()))  # one per line: a requirements file for pip
@@ -179,9 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     started, rows = time.monotonic(), []
     deadline = started + TOTAL_BUDGET_S
     for paths, budget in PYTEST_STEPS:
-        rows += run_pytest(paths, _within(budget, deadline), env)
+        rows += run_pytest(paths, _within(budget, deadline), env, args.log_dir)
     if not args.skip_bench:
-        rows += run_bench(_within(BENCH_TIMEOUT_S, deadline), env)
+        rows += run_bench(_within(BENCH_TIMEOUT_S, deadline), env, args.log_dir)
     print_table(rows, time.monotonic() - started)
     return EXIT_FAILED if any(is_failure(r) for r in rows) else 0
 

@@ -4,7 +4,7 @@
 # as one summary table. Exit 0: all passed; 1: a check failed; 2: no CUDA device here.
 # Idempotent: it installs only what the project needs and is missing (never torch, triton or flashinfer:
 # the machine's own builds are kept), then runs from this checkout (PYTHONPATH, no editable install).
-#   usage: ops/gpu_check.sh [--skip-bench]      PYTHON=/path/to/python ops/gpu_check.sh
+#   usage: ops/gpu_check.sh [--skip-bench] [--log-dir DIR]      PYTHON=/path/to/python ops/gpu_check.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
