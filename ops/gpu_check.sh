@@ -20,7 +20,7 @@ trap 'rm -f "$missing"' EXIT
 if [ -s "$missing" ]; then
     echo "gpu_check: installing what is missing: $(tr '\n' ' ' < "$missing")"
     # Not fatal: an offline machine goes on with what it has, and a check that needs what is missing fails.
-    "$PYTHON" -m pip install --quiet -r "$missing" || echo "gpu_check: could not install them; going on" >&2
+    "$PYTHON" -m pip install --quiet --retries 1 --timeout 10 -r "$missing" || echo "gpu_check: could not install them; going on" >&2
 fi
 
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
