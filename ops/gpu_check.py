@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-dir", type=Path, default=None, help="keep each step's whole output there")
     args = p.parse_args(argv)
     if args.missing_deps:
-        print("\n".join(missing_requirements()))  # one per line: a requirements file for pip
+        for requirement in missing_requirements():  # one a line: a requirements file for pip (empty: nothing)
+            print(requirement)
         return 0
     device = cuda_device_name()
     if device is None:

@@ -58,3 +58,10 @@ def test_summary_groups_by_backend_and_never_counts_a_skip_as_a_pass(tmp_path):
     assert rows["test_kernel"].status is Status.SKIP and rows["test_kernel"].detail.startswith("1/2 passed")
     assert not is_failure(rows["test_abort [flashinfer]"])  # flashinfer is the one optional package
     assert is_failure(rows["test_kernel"]) and is_failure(rows["test_parity [triton, overlap_on]"])
+
+
+def test_missing_deps_prints_nothing_when_nothing_is_missing(capsys, monkeypatch):
+    monkeypatch.setattr(gpu_check, "missing_requirements", lambda: [])
+    assert gpu_check.main(["--missing-deps"]) == 0 and capsys.readouterr().out == ""
+    monkeypatch.setattr(gpu_check, "missing_requirements", lambda: ["lmdb>=1.4", "structlog>=24.1"])
+    assert gpu_check.main(["--missing-deps"]) == 0 and capsys.readouterr().out == "lmdb>=1.4\nstructlog>=24.1\n"
