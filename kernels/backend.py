@@ -9,7 +9,7 @@ this package owns, so `kernels/` never imports the server.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -31,6 +31,12 @@ class BatchLayout:
     kv_indptr: torch.Tensor  # [B + 1] int64
     kv_indices: torch.Tensor  # [sum of kv lens] int64
     is_decode: bool  # every request has exactly one new token
+    # The longest request's KV length, where the builder knows it on the host (None: read it from
+    # kv_indptr). Kernels size their grids by it; on a device, reading it back would wait for the stream.
+    max_kv_len: int | None = None
+    # qo_indptr and kv_indptr as host (CPU, int32) copies, set by a builder whose layout lives on a
+    # device: FlashInfer plans its work on the host from them without reading the device back.
+    host_indptrs: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
     def of_requests(cls, out_cache_loc: torch.Tensor, kv_slots: list[torch.Tensor], extend_lens: list[int]) -> BatchLayout:
@@ -38,19 +44,25 @@ class BatchLayout:
         qo = torch.tensor([0, *extend_lens], dtype=torch.int64).cumsum(0)
         kv = torch.tensor([0, *(s.numel() for s in kv_slots)], dtype=torch.int64).cumsum(0)
         indices = torch.cat(kv_slots) if kv_slots else torch.zeros(0, dtype=torch.int64)
-        return cls(out_cache_loc, qo, kv, indices.to(torch.int64), all(n == 1 for n in extend_lens))
+        return cls(out_cache_loc, qo, kv, indices.to(torch.int64), all(n == 1 for n in extend_lens),
+                   max((s.numel() for s in kv_slots), default=0))
 
     @classmethod
     def of_table(cls, out_cache_loc: torch.Tensor, table: torch.Tensor, rows: torch.Tensor, kv_lens: torch.Tensor,
-                 extend_lens: torch.Tensor) -> BatchLayout:
+                 extend_lens: torch.Tensor, widest: int | None = None, is_decode: bool | None = None) -> BatchLayout:
         """From a request-to-slot table: request i attends to `table[rows[i], :kv_lens[i]]`. One masked
-        gather for the whole batch instead of a slice and a concatenation per request."""
-        widest = int(kv_lens.max()) if kv_lens.numel() else 0
+        gather for the whole batch instead of a slice and a concatenation per request. A caller that
+        knows `widest` (max kv_lens) and `is_decode` on the host passes them: on a device, reading
+        them back would stall the host until the copy lands."""
+        if widest is None:
+            widest = int(kv_lens.max()) if kv_lens.numel() else 0
+        if is_decode is None:
+            is_decode = bool((extend_lens == 1).all())
         block = table[rows, :widest]
-        indices = block[torch.arange(widest)[None, :] < kv_lens[:, None]]
-        zero = torch.zeros(1, dtype=torch.int64)
+        indices = block[torch.arange(widest, device=table.device)[None, :] < kv_lens[:, None]]
+        zero = torch.zeros(1, dtype=torch.int64, device=table.device)
         return cls(out_cache_loc, torch.cat((zero, extend_lens.cumsum(0))), torch.cat((zero, kv_lens.cumsum(0))),
-                   indices, bool((extend_lens == 1).all()))
+                   indices, is_decode, widest)
 
     def then(self, other: BatchLayout) -> BatchLayout:
         """This batch's requests followed by `other`'s, as one layout (a mixed extend + decode forward)."""
@@ -58,11 +70,34 @@ class BatchLayout:
         return BatchLayout(torch.cat((self.out_cache_loc, other.out_cache_loc)),
                            torch.cat((self.qo_indptr, other.qo_indptr[1:] + q_end)),
                            torch.cat((self.kv_indptr, other.kv_indptr[1:] + kv_end)),
-                           torch.cat((self.kv_indices, other.kv_indices)), self.is_decode and other.is_decode)
+                           torch.cat((self.kv_indices, other.kv_indices)), self.is_decode and other.is_decode,
+                           _larger(self.max_kv_len, other.max_kv_len), _joined(self.host_indptrs, other.host_indptrs))
+
+    def with_host_indptrs(self, qo_lens: list[int], kv_lens: list[int]) -> BatchLayout:
+        """This layout with host copies of its index pointers, from per-request lengths known on the host."""
+        qo = torch.tensor([0, *qo_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        kv = torch.tensor([0, *kv_lens], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        return replace(self, host_indptrs=(qo, kv))
 
     @property
     def num_requests(self) -> int:
         return int(self.qo_indptr.numel()) - 1
+
+    def longest_kv(self) -> int:
+        if self.max_kv_len is not None:
+            return self.max_kv_len
+        return int(self.kv_indptr.diff().max()) if self.num_requests else 0
+
+
+def _larger(a: int | None, b: int | None) -> int | None:
+    return None if a is None or b is None else max(a, b)
+
+
+def _joined(a: tuple[torch.Tensor, torch.Tensor] | None,
+            b: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    if a is None or b is None:
+        return None
+    return torch.cat((a[0], b[0][1:] + a[0][-1])), torch.cat((a[1], b[1][1:] + a[1][-1]))
 
 
 class AttentionContext(Protocol):

@@ -64,7 +64,7 @@ class CpuAttentionBackend:
 def _contiguous(layout: BatchLayout) -> BatchLayout:
     """The kernel reads raw int64 pointers: every index tensor must be contiguous int64."""
     fix = [t.to(torch.int64).contiguous() for t in (layout.qo_indptr, layout.kv_indptr, layout.kv_indices)]
-    return BatchLayout(layout.out_cache_loc, fix[0], fix[1], fix[2], layout.is_decode)
+    return BatchLayout(layout.out_cache_loc, fix[0], fix[1], fix[2], layout.is_decode, layout.max_kv_len)
 
 
 class CpuAttentionContext:

@@ -2,7 +2,8 @@
 
 Extend attends causally over prefix + new tokens, one SDPA per request; decode gathers every
 request's slots into one padded batch (a copy of each request's K/V per layer: simple and
-exact, which is what a reference is for; `kernels.cpu_attention` avoids the copy).
+exact, which is what a reference is for; `kernels.cpu_attention` avoids the copy). On CUDA it runs
+as is (planning reads the index pointers back to the host once per forward: a reference, not fast).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ class TorchAttentionContext:
         if layout.is_decode and self._slots:
             lens = layout.kv_indptr.diff()
             self._decode_index = torch.nn.utils.rnn.pad_sequence(self._slots, batch_first=True, padding_value=0)
-            mask = torch.arange(self._decode_index.shape[1])[None, :] < lens[:, None]
+            mask = torch.arange(self._decode_index.shape[1], device=lens.device)[None, :] < lens[:, None]
             self._decode_mask = mask[:, None, None, :]
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -53,7 +54,7 @@ class TorchAttentionContext:
             k_i, v_i = k_buf[slots].transpose(0, 1), v_buf[slots].transpose(0, 1)  # [Hkv, S, D]
             prefix = slots.numel() - n_new
             # Query j (absolute position prefix+j) sees keys 0..prefix+j.
-            mask = torch.ones(n_new, slots.numel(), dtype=torch.bool).tril(diagonal=prefix)
+            mask = torch.ones(n_new, slots.numel(), dtype=torch.bool, device=q.device).tril(diagonal=prefix)
             o = F.scaled_dot_product_attention(q_i, k_i, v_i, attn_mask=mask, scale=self.scale, enable_gqa=True)
             outputs.append(o.transpose(0, 1))
             start += n_new

@@ -109,8 +109,10 @@ def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
     if tokens == 0:
         return out
     qo_lens = layout.qo_indptr.diff()
-    row_request = torch.repeat_interleave(torch.arange(layout.num_requests, device=q.device), qo_lens)
-    longest = int(layout.kv_indptr.diff().max())
+    # output_size and the host-known longest KV keep this free of device-to-host reads (no stall on CUDA).
+    row_request = torch.repeat_interleave(torch.arange(layout.num_requests, device=q.device), qo_lens,
+                                          output_size=tokens)
+    longest = layout.longest_kv()
     max_splits = triton.cdiv(longest, SPLIT)
     mid_out = torch.empty(tokens, hq, max_splits, d, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(tokens, hq, max_splits, dtype=torch.float32, device=q.device)

@@ -19,7 +19,8 @@ HELP = {
     "log_durability": f"WAL durability: {', '.join(DURABILITY_MODES)}",
     "num_threads": "compute threads of the forward (default: every core, less one for the HTTP front under serve)",
     "attention_backend": "attention kernel: auto (the fastest that runs here), torch (portable reference), "
-                         "cpu (C kernel, fp32 on CPU), triton (Triton kernels, CUDA)",
+                         "cpu (C kernel, fp32 on CPU), triton (Triton kernels, CUDA), flashinfer (CUDA, fp16/bf16)",
+    "device": "where the model and KV cache live: auto (CUDA when torch sees a device, else cpu), cpu, cuda",
     "enable_mixed_chunk": "put the running decode requests into the same forward as a prefill chunk "
                           "(one mixed batch) instead of waiting for the prefill to finish",
     "disable_radix_cache": "turn off the prefix cache (a radix tree of finished requests' committed KV that "

@@ -16,6 +16,8 @@ class BatchBuilder:
         self.kv_pool = kv_pool
         self.num_future_slots = future_slots
         self._next_future = 0
+        # Every index tensor is made where the pools live (on the CPU that is what it always was).
+        self.device = kv_pool.device
 
     def extend(self, chosen: list[tuple[Req, int]]) -> ForwardBatch:
         ids: list[int] = []
@@ -23,19 +25,23 @@ class BatchBuilder:
         for req, n in chosen:
             start = req.scheduled_prefill_len
             ids.extend(req.prompt_ids[start : start + n])
-            positions.append(torch.arange(start, start + n))
+            positions.append(torch.arange(start, start + n, device=self.device))
             slots.append(self._alloc(req, n))
             targets.append(_input_logprob_targets(req, start, n))
             samples.append(start + n == req.prompt_len)
             prefixes.append(start)
         reqs = [r for r, _ in chosen]
         extend_lens = [n for _, n in chosen]
-        new = torch.tensor(extend_lens, dtype=torch.int64)
+        new = torch.tensor(extend_lens, dtype=torch.int64, device=self.device)
         layout = BatchLayout.of_table(torch.cat(slots), self.req_pool.table, self._rows(reqs),
-                                      torch.tensor(prefixes, dtype=torch.int64) + new, new)
+                                      torch.tensor(prefixes, dtype=torch.int64, device=self.device) + new, new,
+                                      widest=max((p + n for p, n in zip(prefixes, extend_lens)), default=0),
+                                      is_decode=all(n == 1 for n in extend_lens))
+        if self.device.type != "cpu":
+            layout = layout.with_host_indptrs(extend_lens, [p + n for p, n in zip(prefixes, extend_lens)])
         return ForwardBatch(
             mode=ForwardMode.EXTEND, reqs=reqs, extend_lens=extend_lens, prefix_lens=prefixes,
-            input_ids=torch.tensor(ids), positions=torch.cat(positions), layout=layout,
+            input_ids=torch.tensor(ids, device=self.device), positions=torch.cat(positions), layout=layout,
             samples=samples, input_logprob_targets=targets,
             future_slots=[self._publish(r) for r, s in zip(reqs, samples) if s],
         )
@@ -49,15 +55,19 @@ class BatchBuilder:
         slots = self.kv_pool.alloc(len(reqs))
         assert slots is not None, "KV reservation broken in decode"  # admission reserved max_new_tokens
         rows = self._rows(reqs)
-        pos = torch.tensor(positions, dtype=torch.int64)
+        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
         assert all(r.kv_allocated_len == p for r, p in zip(reqs, positions)), "KV length out of step with position"
         self.req_pool.table[rows, pos] = slots
         for r in reqs:
             r.kv_allocated_len += 1
-        layout = BatchLayout.of_table(slots, self.req_pool.table, rows, pos + 1, torch.ones(len(reqs), dtype=torch.int64))
+        layout = BatchLayout.of_table(slots, self.req_pool.table, rows, pos + 1,
+                                      torch.ones(len(reqs), dtype=torch.int64, device=self.device),
+                                      widest=max(positions, default=-1) + 1, is_decode=True)
+        if self.device.type != "cpu":
+            layout = layout.with_host_indptrs([1] * len(reqs), [p + 1 for p in positions])
         return ForwardBatch(
             mode=ForwardMode.DECODE, reqs=list(reqs), extend_lens=[1] * len(reqs), prefix_lens=positions,
-            input_ids=torch.tensor(inputs), positions=pos, layout=layout,
+            input_ids=torch.tensor(inputs, device=self.device), positions=pos, layout=layout,
             samples=[True] * len(reqs), input_logprob_targets=[[] for _ in reqs],
             future_slots=[self._publish(r) for r in reqs],
         )
@@ -75,7 +85,7 @@ class BatchBuilder:
         )
 
     def _rows(self, reqs: list[Req]) -> torch.Tensor:
-        return torch.tensor([r.pool_row for r in reqs], dtype=torch.int64)
+        return torch.tensor([r.pool_row for r in reqs], dtype=torch.int64, device=self.device)
 
     def _alloc(self, req: Req, n: int) -> torch.Tensor:
         slots = self.kv_pool.alloc(n)

@@ -12,8 +12,9 @@ from server.errors import ConfigError
 
 DURABILITY_MODES = ("fsync", "periodic", "none")
 REASONING_PARSERS = ("deepseek-r1", "qwen3")
-ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton")  # kernels.registry.BACKEND_NAMES, without importing torch here
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton", "flashinfer")  # kernels.registry.BACKEND_NAMES, without importing torch here
 LINEAR_BACKENDS = ("auto", "onednn", "torch")  # server.models.packed_linear, without importing torch here
+DEVICES = ("auto", "cpu", "cuda")  # server.device, without importing torch here
 
 
 def default_log_dir() -> Path:
@@ -39,7 +40,8 @@ class ServerArgs:
     # use, less one when serving over HTTP, where the front process needs a core of its own (on a
     # 2-core machine a scheduler spinning on both cores starves the front and stalls every step).
     num_threads: int | None = None
-    attention_backend: str = "auto"  # auto | torch | cpu (kernels.registry)
+    attention_backend: str = "auto"  # auto | torch | cpu | triton | flashinfer (kernels.registry)
+    device: str = "auto"  # auto | cpu | cuda (server.device): where the model, KV pools and tables live
     linear_backend: str = "auto"  # auto | onednn | torch (server.models.packed_linear)
     log_dir: str | None = None
     log_durability: str = "fsync"
@@ -106,6 +108,8 @@ class ServerArgs:
             raise ConfigError("--num-threads must be >= 1")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}")
+        if self.device not in DEVICES:
+            raise ConfigError(f"--device must be one of {', '.join(DEVICES)}")
         if self.linear_backend not in LINEAR_BACKENDS:
             raise ConfigError(f"--linear-backend must be one of {', '.join(LINEAR_BACKENDS)}")
         if self.log_format not in ("console", "json"):

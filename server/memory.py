@@ -3,6 +3,10 @@
 `ReqToTokenPool` maps (request row, position) → KV slot; `TokenToKVPool` holds the K/V
 tensors per layer and a free list of slots. Slot 0 is never handed out: it is the
 padding slot that batched decode gathers for positions past a request's length.
+
+Both live on the forward's device (`--device`): the table and the free list are index tensors
+that the batch builder slices and gathers into each batch's layout, so on CUDA no slot crosses
+the bus per step. Their sizes (`num_free`) are host-side shape reads, never a device sync.
 """
 from __future__ import annotations
 
@@ -10,10 +14,10 @@ import torch
 
 
 class ReqToTokenPool:
-    def __init__(self, num_rows: int, max_context_len: int) -> None:
+    def __init__(self, num_rows: int, max_context_len: int, device: torch.device | str = "cpu") -> None:
         self.num_rows = num_rows
         self.max_context_len = max_context_len
-        self.table = torch.zeros((num_rows, max_context_len), dtype=torch.int64)
+        self.table = torch.zeros((num_rows, max_context_len), dtype=torch.int64, device=device)
         self._free_rows = list(range(num_rows - 1, -1, -1))
 
     @property
@@ -30,13 +34,15 @@ class ReqToTokenPool:
 
 class TokenToKVPool:
     def __init__(
-        self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+        self, num_slots: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.capacity = num_slots
+        self.device = torch.device(device)
         shape = (num_slots + 1, num_kv_heads, head_dim)
-        self.k_buffers = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
-        self.v_buffers = [torch.zeros(shape, dtype=dtype) for _ in range(num_layers)]
-        self._free_slots = torch.arange(1, num_slots + 1, dtype=torch.int64)
+        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self._free_slots = torch.arange(1, num_slots + 1, dtype=torch.int64, device=device)
 
     @property
     def num_free(self) -> int:

@@ -3,8 +3,12 @@
 A decode input whose previous token is not yet known (its result is still pending) is a
 placeholder `-(slot + 1)`; `launch` resolves placeholders from the future map, which each
 launched forward fills with the tokens it sampled. Launches resolve in launch order, so
-the same order is exact on every device. On CPU the forward runs synchronously inside
-`launch`; the overlap is in the order of scheduling vs. result processing, not in threads.
+the same order is exact on every device.
+
+On CPU the forward runs synchronously inside `launch`; the overlap is in the order of scheduling
+vs. result processing, not in threads. On CUDA `launch` only enqueues the forward on one compute
+stream (`server.cuda_overlap`) and records an event; `ForwardHandle.result()` waits on that event,
+so the host schedules step N+1 while the device runs step N — the real overlap.
 """
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from functools import partial
 import torch
 
 from kernels.registry import BackendUnavailableError, create_backend
+from server.cuda_overlap import ComputeStream
 from server.errors import ConfigError
 from server.forward_batch import BatchResult, ForwardBatch
 from server.memory import TokenToKVPool
@@ -25,14 +30,41 @@ INPUT_LOGPROB_ROWS = 256  # prompt positions scored per log_softmax: bounds memo
 
 
 @dataclass(slots=True)
+class PendingResult:
+    """A forward's outputs as tensors on its device, read back to the host only in `to_host`."""
+
+    token_ids: torch.Tensor
+    logprobs: torch.Tensor
+    top_ids: torch.Tensor
+    top_logprobs: torch.Tensor
+    inputs: InputLogprobs  # prompt logprobs, already on the host (only computed when asked for)
+    hidden_states: torch.Tensor
+
+    def to_host(self) -> BatchResult:
+        return BatchResult(
+            next_token_ids=self.token_ids.tolist(), next_token_logprobs=self.logprobs.tolist(),
+            top_ids=self.top_ids.tolist(), top_logprobs=self.top_logprobs.tolist(),
+            input_logprobs=self.inputs.logprobs, input_top_ids=self.inputs.top_ids,
+            input_top_logprobs=self.inputs.top_logprobs, hidden_states=self.hidden_states.cpu(),
+        )
+
+
+@dataclass(slots=True)
 class ForwardHandle:
-    """A launched forward. `result()` is where a device runtime would synchronise."""
+    """A launched forward. `result()` waits for the device (CUDA) and reads the outputs back once."""
 
     seq: int
     batch: ForwardBatch
-    _result: BatchResult
+    _pending: PendingResult | None
+    _done: torch.cuda.Event | None = None  # None on CPU: the forward already ran
+    _result: BatchResult | None = None
 
     def result(self) -> BatchResult:
+        if self._result is None:
+            assert self._pending is not None
+            if self._done is not None:
+                self._done.synchronize()
+            self._result, self._pending = self._pending.to_host(), None
         return self._result
 
 
@@ -42,31 +74,46 @@ class ModelRunner:
         self.model = model
         self.eos_ids = eos_ids  # masked, with stop_token_ids, until a request's min_new_tokens are out
         self.kv_pool = kv_pool
+        self.device = kv_pool.device
         self.scale = model.config.head_dim**-0.5
         try:
             self.attention = create_backend(attention_backend, kv_pool, self.scale)
         except BackendUnavailableError as exc:
             raise ConfigError(str(exc)) from None
-        self.future_tokens = torch.zeros(future_slots, dtype=torch.int64)
+        self.future_tokens = torch.zeros(future_slots, dtype=torch.int64, device=self.device)
+        self.stream = ComputeStream.for_device(self.device)
         self._launches = 0
 
     def launch(self, batch: ForwardBatch) -> ForwardHandle:
+        self._launches += 1
+        if self.stream is None:
+            return ForwardHandle(self._launches, batch, self._run(batch))
+        with self.stream.enqueue() as done:
+            pending = self._run(batch)
+        return ForwardHandle(self._launches, batch, pending, done)
+
+    def _run(self, batch: ForwardBatch) -> PendingResult:
         ids = batch.input_ids
         placeholders = ids < 0
-        if bool(placeholders.any()):
+        # On a device, asking whether any placeholder is present would wait for the device: resolve always.
+        if ids.is_cuda or bool(placeholders.any()):
             ids = torch.where(placeholders, self.future_tokens[(-ids - 1).clamp(min=0)], ids)
-        result = self._forward(batch, ids)
+        pending = self._forward(batch, ids)
         if batch.future_slots:
-            self.future_tokens[torch.tensor(batch.future_slots)] = torch.tensor(result.next_token_ids)
-        self._launches += 1
-        return ForwardHandle(self._launches, batch, result)
+            slots = torch.tensor(batch.future_slots, dtype=torch.int64, device=self.device)
+            self.future_tokens[slots] = pending.token_ids
+        return pending
 
     @torch.inference_mode()
-    def _forward(self, batch: ForwardBatch, input_ids: torch.Tensor) -> BatchResult:
-        hidden = self.model(input_ids, batch.positions, self.attention.plan(batch.layout))
-        ends = torch.tensor(batch.extend_lens).cumsum(0)
+    def _forward(self, batch: ForwardBatch, input_ids: torch.Tensor) -> PendingResult:
+        num_positions = max((p + n for p, n in zip(batch.prefix_lens, batch.extend_lens)), default=0)
+        hidden = self.model(input_ids, batch.positions, self.attention.plan(batch.layout), num_positions)
+        ends = torch.tensor(batch.extend_lens, device=self.device).cumsum(0)
         sampling = [i for i, s in enumerate(batch.samples) if s]
-        sample_rows = (ends[sampling] - 1) if sampling else torch.zeros(0, dtype=torch.int64)
+        if sampling:
+            sample_rows = ends[torch.tensor(sampling, device=self.device)] - 1
+        else:
+            sample_rows = torch.zeros(0, dtype=torch.int64, device=self.device)
         logits = self.model.logits(hidden[sample_rows])
         # Constrained requests: their matchers hold every committed token (the scheduler never
         # launches one with a token pending), so the mask is exact for this step.
@@ -82,13 +129,10 @@ class ModelRunner:
                              eos_ids=self.eos_ids)
         sampled = sample(logits, params, [batch.reqs[i].generator for i in sampling], batch.top_logprobs_max,
                          adjust)
-        hidden_rows = [int(sample_rows[j]) for j, i in enumerate(sampling) if batch.reqs[i].logprob.return_hidden_states]
-        inputs = self._input_logprobs(batch, hidden, ends)
-        return BatchResult(
-            next_token_ids=sampled.token_ids.tolist(), next_token_logprobs=sampled.logprobs.tolist(),
-            top_ids=sampled.top_ids.tolist(), top_logprobs=sampled.top_logprobs.tolist(),
-            input_logprobs=inputs.logprobs, input_top_ids=inputs.top_ids, input_top_logprobs=inputs.top_logprobs,
-            hidden_states=hidden[hidden_rows].float(),
+        hidden_rows = [j for j, i in enumerate(sampling) if batch.reqs[i].logprob.return_hidden_states]
+        return PendingResult(
+            sampled.token_ids, sampled.logprobs, sampled.top_ids, sampled.top_logprobs,
+            self._input_logprobs(batch, hidden), hidden[sample_rows[hidden_rows]].float(),
         )
 
     def _adjust_rows(self, batch: ForwardBatch, sampling: list[int], sample_rows: torch.Tensor,
@@ -108,25 +152,26 @@ class ModelRunner:
             rows.append(AdjustRow(req.params, req.counts, num_outputs))
         return rows
 
-    def _input_logprobs(self, batch: ForwardBatch, hidden: torch.Tensor, ends: torch.Tensor) -> InputLogprobs:
+    def _input_logprobs(self, batch: ForwardBatch, hidden: torch.Tensor) -> InputLogprobs:
         """Prompt logprobs for the positions requests asked for (only those: nothing is computed
         for a batch where no request asked). A chunk scores its own positions and, through its
         last row, the first position of the next chunk; `input_logprob_targets` says which."""
         rows: list[int] = []
         targets: list[int] = []
+        start = 0
         for i, req in enumerate(batch.reqs):
-            start = int(ends[i]) - batch.extend_lens[i]
             for pos in batch.input_logprob_targets[i]:
                 # The logit for prompt position `pos` comes from the row of position pos-1.
                 rows.append(start + pos - 1 - batch.prefix_lens[i])
                 targets.append(req.prompt_ids[pos])
+            start += batch.extend_lens[i]
         out = InputLogprobs()
         k = batch.input_top_logprobs_max
         # In blocks of rows: a whole chunk's [rows, vocab] fp32 logits at once would be gigabytes.
         for lo in range(0, len(rows), INPUT_LOGPROB_ROWS):
-            block = torch.tensor(rows[lo : lo + INPUT_LOGPROB_ROWS])
+            block = torch.tensor(rows[lo : lo + INPUT_LOGPROB_ROWS], device=self.device)
             logprobs = torch.log_softmax(self.model.logits(hidden[block]).float(), dim=-1)
-            wanted = torch.tensor(targets[lo : lo + INPUT_LOGPROB_ROWS])[:, None]
+            wanted = torch.tensor(targets[lo : lo + INPUT_LOGPROB_ROWS], device=self.device)[:, None]
             out.logprobs.extend(logprobs.gather(1, wanted)[:, 0].tolist())
             top_vals, top_ids = logprobs.topk(k, dim=-1) if k else (logprobs[:, :0], wanted[:, :0])
             out.top_ids.extend(top_ids.tolist())

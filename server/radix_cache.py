@@ -46,7 +46,7 @@ class PrefixMatch:
 class RadixCache:
     def __init__(self, kv_pool: TokenToKVPool) -> None:
         self.kv_pool = kv_pool
-        self.root = TreeNode([], torch.empty(0, dtype=torch.int64))
+        self.root = TreeNode([], torch.empty(0, dtype=torch.int64, device=kv_pool.device))
         self.root.lock_count = 1  # never evicted
         self.num_tokens = 0  # slots the tree holds
         self.num_locked_tokens = 0  # of those, slots on a path some live request has locked

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import platform
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,10 +10,13 @@ import torch
 
 from commitlog import Durability, Ledger, WalConfig
 from server.config import ServerArgs
+from server.device import kv_budget_bytes, resolve_device
+from server.errors import ConfigError
 from server.grammar.compiler import GrammarCompiler
 from server.grammar.reasoning import THINK_END, THINK_START, ReasoningParser
 from server.memory import ReqToTokenPool, TokenToKVPool
 from server.model_runner import ModelRunner
+from server.models.causal_lm import CausalLM
 from server.models.config import ModelConfig
 from server.models.demo import model_dir_for
 from server.models.loader import load_model, parse_dtype
@@ -26,8 +28,10 @@ from server.schedule_policy import SchedulePolicy
 from server.scheduler import DeltaSink, Scheduler
 from server.tokenizer import Tokenizer
 
-# Share of physical memory the KV pool may take when --max-total-tokens is not given.
+# Share of physical memory (CPU), or of the device memory free after loading the weights (CUDA), the
+# KV pool may take when --max-total-tokens is not given. A GPU leaves room for activations only.
 KV_MEMORY_FRACTION = 0.2
+KV_CUDA_MEMORY_FRACTION = 0.8
 MAX_DEFAULT_KV_TOKENS = 1 << 17
 
 
@@ -68,15 +72,15 @@ def engine_settings(args: ServerArgs, model_dir: Path, policy: SchedulePolicy, k
 def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink, beside_front: bool = False) -> Runtime:
     """`beside_front`: the scheduler process of `serve`, sharing the machine with the HTTP front."""
     torch.set_num_threads(args.compute_threads(beside_front))
+    device = resolve_device(args.device)
     model_dir = model_dir_for(args.model_path)
     dtype = parse_dtype(args.dtype)
-    model = load_model(model_dir, dtype)
-    apply_linear_backend(model, args.linear_backend, dtype)
+    model = _load_on(device, model_dir, dtype, args.linear_backend)
     cfg = model.config
     tokenizer = Tokenizer(Path(args.tokenizer_path) if args.tokenizer_path else model_dir)
     context_len = args.context_length or cfg.max_position_embeddings
-    kv_pool = _make_kv_pool(args, cfg, next(model.parameters()).dtype, context_len)
-    req_pool = ReqToTokenPool(args.max_running_requests, context_len)
+    kv_pool = _make_kv_pool(args, cfg, next(model.parameters()).dtype, context_len, device)
+    req_pool = ReqToTokenPool(args.max_running_requests, context_len, device)
     eos = set(cfg.eos_token_ids)
     if tokenizer.eos_token_id is not None:
         eos.add(tokenizer.eos_token_id)
@@ -97,13 +101,26 @@ def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink, beside_front
     return Runtime(args, model_dir, cfg, tokenizer, scheduler, limits, log_dir)
 
 
-def _make_kv_pool(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, context_len: int) -> TokenToKVPool:
+def _load_on(device: torch.device, model_dir: Path, dtype: torch.dtype, linear_backend: str) -> CausalLM:
+    """Loads on the host; on CUDA moves the weights over, where oneDNN's packed layout (a CPU format)
+    has no place: `auto` means plain nn.Linear there and `onednn` is refused."""
+    model = load_model(model_dir, dtype)
+    if device.type == "cpu":
+        apply_linear_backend(model, linear_backend, dtype)
+        return model
+    if linear_backend == "onednn":
+        raise ConfigError("--linear-backend onednn packs weights for CPU matmuls; on --device cuda use auto or torch")
+    return model.to(device)
+
+
+def _make_kv_pool(args: ServerArgs, cfg: ModelConfig, dtype: torch.dtype, context_len: int,
+                  device: torch.device) -> TokenToKVPool:
     def pool(n: int) -> TokenToKVPool:
-        return TokenToKVPool(n, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype)
+        return TokenToKVPool(n, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, dtype, device)
 
     if args.max_total_tokens is not None:
         return pool(args.max_total_tokens)
     per_slot = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * torch.finfo(dtype).bits // 8
-    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    n = min(int(physical * KV_MEMORY_FRACTION) // per_slot, MAX_DEFAULT_KV_TOKENS)
+    budget = kv_budget_bytes(device, KV_MEMORY_FRACTION, KV_CUDA_MEMORY_FRACTION)
+    n = min(budget // per_slot, MAX_DEFAULT_KV_TOKENS)
     return pool(max(n, context_len))

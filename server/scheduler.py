@@ -317,7 +317,8 @@ class Scheduler:
         if self.chunked_req is req:
             self.chunked_req = None
         # Slots a still-pending forward writes into are safe to free: forwards run in launch
-        # order, so any later allocation of them is written after that forward.
+        # order, so any later allocation of them is written after that forward (on CUDA, by
+        # stream order: server/cuda_overlap.py says why).
         if req.pool_row is not None:
             self.prefix.release(req, self.req_pool.table[req.pool_row, : req.kv_allocated_len].clone())
             self.req_pool.free(req.pool_row)

@@ -47,6 +47,7 @@ def make_engine() -> Iterator[Callable[..., object]]:
 
     def make(model_path: Path | str, **kwargs: object) -> Engine:
         kwargs.setdefault("max_total_tokens", 4096)
+        kwargs.setdefault("device", "cpu")  # the suite runs on the CPU by default; gpu tests ask for cuda
         engine = Engine(model_path=str(model_path), **kwargs)
         engines.append(engine)
         return engine

@@ -49,7 +49,7 @@ def build_scripted(args: ServerArgs, scratch: Path) -> tuple[Runtime, ScriptedSc
     except (TokenLedgerError, OSError, ValueError, KeyError) as exc:
         raise ModelUnavailableError(f"the model at {args.model_path} could not be loaded: {exc}") from None
     s = runtime.scheduler
-    runner = CheckingRunner(s.runner.model, s.kv_pool, s.policy.future_slots, args.attention_backend)
+    runner = CheckingRunner(s.runner.model, s.kv_pool, s.policy.future_slots, args.attention_backend, s.runner.eos_ids)
     scripted = ScriptedScheduler(s.policy, runner, s.req_pool, s.kv_pool, s.ledger, s.rules, s.sink, s.grammars,
                                  s.reasoning, s.cache)  # the same prefix cache (or none), refilled as logged
     return runtime, scripted

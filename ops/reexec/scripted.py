@@ -15,7 +15,7 @@ import torch
 
 from commitlog.schedule import Segment
 from server.forward_batch import BatchResult, ForwardBatch, ForwardMode
-from server.model_runner import ModelRunner
+from server.model_runner import ModelRunner, PendingResult
 from server.request import Req
 from server.scheduler import Scheduler
 
@@ -36,14 +36,29 @@ class Script:
     members: list[tuple[Req, Segment]]
 
 
+@dataclass(slots=True)
+class CheckedResult:
+    """A forward's result after the hook: what `ForwardHandle.result()` reads, and the (corrected)
+    sampled tokens the runner publishes to the future map."""
+
+    result: BatchResult
+    token_ids: torch.Tensor
+
+    def to_host(self) -> BatchResult:
+        return self.result
+
+
 class CheckingRunner(ModelRunner):
     hook: ResultHook | None = None
 
-    def _forward(self, batch: ForwardBatch, input_ids: torch.Tensor) -> BatchResult:
-        result = super()._forward(batch, input_ids)
-        if self.hook is not None:
-            self.hook(batch, result)  # before `launch` publishes the sampled tokens
-        return result
+    def _forward(self, batch: ForwardBatch, input_ids: torch.Tensor) -> PendingResult:
+        pending = super()._forward(batch, input_ids)
+        if self.hook is None:
+            return pending
+        result = pending.to_host()  # re-execution reads every value anyway: no overlap to keep
+        self.hook(batch, result)  # before `launch` publishes the sampled tokens
+        token_ids = torch.tensor(result.next_token_ids, dtype=torch.int64, device=pending.token_ids.device)
+        return CheckedResult(result, token_ids)  # type: ignore[return-value]  # the same two members
 
 
 class ScriptedScheduler(Scheduler):

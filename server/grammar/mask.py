@@ -20,4 +20,6 @@ def apply_grammar_masks(logits: torch.Tensor, grammars: list[RequestGrammar | No
         grammar = grammars[i]
         assert grammar is not None
         grammar.fill_mask(bitmask, i)
+    if logits.device.type != "cpu":  # the matchers fill a host bitmask; the kernel reads it beside the logits
+        bitmask = bitmask.to(logits.device, non_blocking=True)
     xgr.apply_token_bitmask_inplace(logits, bitmask, vocab_size=vocab, indices=rows)

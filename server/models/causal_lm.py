@@ -50,8 +50,12 @@ class RotaryEmbedding(nn.Module):
         self.max_positions = max_positions
         self._tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        needed = int(positions.max()) + 1 if positions.numel() else 0
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype,
+                needed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`needed`: max(positions) + 1 when the caller knows it on the host (on a device, reading it
+        back would wait for every forward queued before this one)."""
+        if needed is None:
+            needed = int(positions.max()) + 1 if positions.numel() else 0
         if needed > self.max_positions:  # past the model's configured context (--context-length): compute
             return self._compute(positions, dtype)
         cos, sin = self._table(dtype, needed)
@@ -63,7 +67,7 @@ class RotaryEmbedding(nn.Module):
         table = self._tables.get(dtype)
         if table is None or table[0].shape[0] < needed:
             size = min(self.max_positions, max(1024, 1 << (max(needed, 1) - 1).bit_length()))
-            cos, sin = self._compute(torch.arange(size), dtype)
+            cos, sin = self._compute(torch.arange(size, device=self.inv_freq.device), dtype)
             table = self._tables[dtype] = (cos[:, 0, :].contiguous(), sin[:, 0, :].contiguous())
         return table
 
@@ -148,9 +152,11 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext,
+                num_positions: int | None = None) -> torch.Tensor:
+        """`num_positions`: max(positions) + 1, when known on the host (see RotaryEmbedding.forward)."""
         x = self.model.embed_tokens(input_ids)
-        cos, sin = self.model.rotary_emb(positions, x.dtype)
+        cos, sin = self.model.rotary_emb(positions, x.dtype, num_positions)
         for layer in self.model.layers:
             x = layer(x, cos, sin, ctx)
         return self.model.norm(x)

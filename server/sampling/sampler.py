@@ -3,6 +3,11 @@
 Each request owns a `torch.Generator`, so a seeded request draws the same noise whatever
 else is in its batch. Sampling uses the exponential race (argmax of p / E with E ~ Exp(1)),
 which is an exact draw from p and needs one noise vector per row.
+
+On CUDA, FlashInfer's sampling kernels draw the random rows where flashinfer is installed
+(`server.sampling.device_sampler`: per-request seeds, other draws than the CPU's); without it the
+same race runs on the device's logits with the noise drawn on the host from each request's own
+generator and copied over, so a seeded request then draws what it draws on the CPU.
 """
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from server.sampling.device_sampler import device_sampling_available, draw_rows
 from server.sampling.params import SamplingParams
 
 
@@ -36,12 +42,25 @@ def sample(
     token_ids = choose_from.argmax(dim=-1)
     random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if random_rows:
-        rows = torch.tensor(random_rows)
-        probs = _filtered_probs(choose_from[rows], [params[i] for i in random_rows])
-        token_ids[rows] = (probs / _exponential_noise(logits.shape[1], [generators[i] for i in random_rows])).argmax(dim=-1)
+        rows = torch.tensor(random_rows, device=logits.device)
+        row_params, row_generators = [params[i] for i in random_rows], [generators[i] for i in random_rows]
+        if device_sampling_available(logits):  # CUDA with FlashInfer: server.sampling.device_sampler
+            token_ids[rows] = draw_rows(choose_from[rows], row_params, row_generators)
+        else:
+            token_ids[rows] = _race(choose_from[rows], row_params, row_generators)
     chosen = logprobs_all.gather(1, token_ids[:, None])[:, 0]
     top_vals, top_ids = logprobs_all.topk(top_k_max, dim=-1) if top_k_max else (logprobs_all[:, :0], token_ids[:, None][:, :0])
     return SampleOutput(token_ids, chosen, top_ids, top_vals)
+
+
+def _race(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> torch.Tensor:
+    """The exponential race over each row's filtered distribution. Off the CPU (CUDA without FlashInfer)
+    the noise is still drawn on the host, from each request's own generator, and copied over."""
+    probs = _filtered_probs(logits, params)
+    noise = _exponential_noise(logits.shape[1], generators)
+    if logits.device.type != "cpu":
+        noise = noise.to(logits.device, non_blocking=True)
+    return (probs / noise).argmax(dim=-1)
 
 
 def _exponential_noise(vocab: int, generators: list[torch.Generator]) -> torch.Tensor:
@@ -60,30 +79,31 @@ def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch
     min-p skip the sort (the common case, and the costly part with a large vocabulary); whether a
     row is sorted depends on its own parameters only, so a seeded request draws the same token
     whatever it is batched with."""
-    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype)[:, None]
+    temps = torch.tensor([p.temperature for p in params], dtype=logits.dtype, device=logits.device)[:, None]
     logits = logits / temps
     vocab = logits.shape[1]
     filtered = [i for i, p in enumerate(params) if 0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0]
     if len(filtered) < len(params):
         probs = logits.softmax(dim=-1)
         if filtered:
-            rows = torch.tensor(filtered)
+            rows = torch.tensor(filtered, device=logits.device)
             probs[rows] = _sorted_filter(logits[rows], [params[i] for i in filtered], vocab)
         return probs
     return _sorted_filter(logits, params, vocab)
 
 
 def _sorted_filter(logits: torch.Tensor, params: list[SamplingParams], vocab: int) -> torch.Tensor:
-    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params]).clamp(max=vocab)
+    device = logits.device
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device).clamp(max=vocab)
     sorted_logits, order = logits.sort(dim=-1, descending=True)
-    ranks = torch.arange(vocab)[None, :]
+    ranks = torch.arange(vocab, device=device)[None, :]
     sorted_logits = sorted_logits.masked_fill(ranks >= top_k[:, None], float("-inf"))
     sorted_probs = sorted_logits.softmax(dim=-1)
-    top_p = torch.tensor([p.top_p for p in params])[:, None]
+    top_p = torch.tensor([p.top_p for p in params], device=device)[:, None]
     # Keep a token while the mass strictly before it is below top_p (the first always stays).
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     keep = mass_before < top_p
-    min_p = torch.tensor([p.min_p for p in params])[:, None]
+    min_p = torch.tensor([p.min_p for p in params], device=device)[:, None]
     keep &= sorted_probs >= min_p * sorted_probs[:, :1]
     sorted_probs = sorted_probs * keep
     probs = torch.zeros_like(sorted_probs).scatter_(1, order, sorted_probs)

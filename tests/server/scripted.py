@@ -41,6 +41,7 @@ class ScriptedRuntime:
     def __init__(self, model_dir: Path, log_dir: Path, **server_args: Any) -> None:
         server_args.setdefault("max_total_tokens", 2048)
         server_args.setdefault("log_durability", "none")
+        server_args.setdefault("device", "cpu")  # CPU by default; the gpu tests ask for cuda
         self.args = ServerArgs.from_kwargs(model_path=str(model_dir), **server_args)
         self.client = ClientView()
         self.runtime = build_runtime(self.args, log_dir, self.client.receive)
