@@ -24,7 +24,7 @@ def _run(isolated: bool, token: int, lp: float, greedy: bool = True) -> tuple[Ba
     req = SimpleNamespace(scheduled_tokens=3, params=SimpleNamespace(is_greedy=greedy),
                           logprob=SimpleNamespace(return_hidden_states=False))
     batch = SimpleNamespace(reqs=[req], samples=[True], input_logprob_targets=[[]])
-    result = BatchResult([token], [lp], [[token, 2]], [[lp, -3.0]], [], torch.zeros(0, 4))
+    result = BatchResult([token], [lp], [[token, 2]], [[lp, -3.0]], [], [], [], torch.zeros(0, 4))
     checker = ResultChecker(Tolerance(isolated))
     finding = Finding("a", 1)
     checker.findings = {1: finding}

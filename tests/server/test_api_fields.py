@@ -49,23 +49,30 @@ def test_every_samplingparams_field_is_implemented_in_the_contract():
     assert not set(AWAITING) & fields, "drop these from server.api_fields.AWAITING: they are implemented now"
 
 
-def test_dropping_an_awaiting_entry_makes_the_field_implemented():
-    assert awaiting("min_new_tokens")["min_new_tokens"].support is Support.NEUTRAL_ONLY
+def test_dropping_an_awaiting_entry_makes_the_field_implemented(monkeypatch):
+    monkeypatch.setitem(AWAITING, "a_field_in_progress", 0)
+    assert awaiting("a_field_in_progress")["a_field_in_progress"].support is Support.NEUTRAL_ONLY
     assert awaiting("a_field_that_landed") == {"a_field_that_landed": implemented()}
+
+
+@pytest.mark.parametrize(("raw", "name", "value"), [
+    ({"frequency_penalty": 0.5}, "frequency_penalty", 0.5),
+    ({"presence_penalty": -1}, "presence_penalty", -1.0),
+    ({"repetition_penalty": 1.2}, "repetition_penalty", 1.2),
+    ({"min_new_tokens": 3}, "min_new_tokens", 3),
+    ({"logit_bias": {"5": 1.0}}, "logit_bias", ((5, 1.0),)),
+    ({"no_stop_trim": True}, "no_stop_trim", True),
+    ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens", False),
+    ({"sampling_seed": 7}, "seed", 7),
+])
+def test_the_sampling_controls_once_awaited_are_implemented(raw, name, value):
+    assert getattr(SamplingParams.from_dict(raw), name) == value
 
 
 @pytest.mark.parametrize(("raw", "param"), [
     ({"bogus": 1}, "bogus"),
     ({"n": 2}, "n"),
     ({"n": True}, "n"),  # JSON true is not the number 1
-    ({"frequency_penalty": 0.5}, "frequency_penalty"),
-    ({"presence_penalty": -1}, "presence_penalty"),
-    ({"repetition_penalty": 1.2}, "repetition_penalty"),
-    ({"min_new_tokens": 3}, "min_new_tokens"),
-    ({"logit_bias": {"5": 1.0}}, "logit_bias"),
-    ({"no_stop_trim": True}, "no_stop_trim"),
-    ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
-    ({"sampling_seed": 7}, "sampling_seed"),
     ({"structural_tag": "x"}, "structural_tag"),
 ])
 def test_sampling_params_refuses_non_neutral_and_unknown_fields_naming_them(raw, param):
@@ -110,9 +117,7 @@ def test_bench_serving_native_body_passes_the_contract():
 
 @pytest.mark.parametrize(("surface", "body", "param"), [
     (COMPLETIONS, {"best_of": 2}, "best_of"),
-    (COMPLETIONS, {"echo": True}, "echo"),
     (COMPLETIONS, {"suffix": "tail"}, "suffix"),
-    (COMPLETIONS, {"min_tokens": 32}, "min_tokens"),
     (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     (CHAT, {"tool_choice": "auto"}, "tool_choice"),
     (CHAT, {"functions": []}, "functions"),
