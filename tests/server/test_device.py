@@ -71,7 +71,7 @@ def test_host_index_pointers_follow_the_layout_through_a_mixed_join():
 
 
 def test_forward_handle_waits_on_its_event_once_and_reads_back_once():
-    from server.model_runner import ForwardHandle, PendingResult
+    from server.model_runner import ForwardHandle, InputLogprobs, PendingResult
 
     class Event:
         waits = 0
@@ -80,7 +80,7 @@ def test_forward_handle_waits_on_its_event_once_and_reads_back_once():
             Event.waits += 1
 
     pending = PendingResult(torch.tensor([4, 2]), torch.tensor([-0.5, -1.5]), torch.zeros(2, 0, dtype=torch.int64),
-                            torch.zeros(2, 0), torch.zeros(0), torch.zeros(0, 8))
+                            torch.zeros(2, 0), InputLogprobs(), torch.zeros(0, 8))
     handle = ForwardHandle(1, None, pending, Event())  # type: ignore[arg-type]
     first = handle.result()
     assert handle.result() is first and Event.waits == 1
