@@ -17,9 +17,10 @@ from server_process import ServerProcess
 SYSTEM = [(7 * i) % 480 + 3 for i in range(200)]  # a shared 200-token "system prompt"
 
 
-@pytest.fixture(scope="module")
-def mixed_server(tiny_checkpoint, tmp_path_factory):
-    proc = ServerProcess(tiny_checkpoint("llama"), tmp_path_factory.mktemp("cache") / "log", "--enable-mixed-chunk")
+@pytest.fixture(scope="module", params=[("--enable-mixed-chunk",), ()], ids=["mixed", "default"])
+def mixed_server(request, tiny_checkpoint, tmp_path_factory):
+    """The prefix cache is on in both: once with mixed batches, once with the default batches."""
+    proc = ServerProcess(tiny_checkpoint("llama"), tmp_path_factory.mktemp("cache") / "log", *request.param)
     proc.wait_healthy()
     yield proc
     assert proc.terminate() == 0, proc.stderr()
