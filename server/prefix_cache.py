@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from server.memory import ReqToTokenPool, TokenToKVPool
-from server.radix_cache import RadixCache
+from server.radix_cache import RadixCache, common_prefix_len
 from server.request import Req
 
 # A waiting request that shares at least this many more prompt tokens with a prefill in flight
@@ -63,7 +63,7 @@ class PrefixCache:
         if self.tree is None or not prefilling:
             return False
         cached = self.tree.peek_prefix_len(req.prompt_ids, _max_prefix(req))
-        shared = max(_common_len(req.prompt_ids, other.prompt_ids) for other in prefilling)
+        shared = max(common_prefix_len(req.prompt_ids, other.prompt_ids) for other in prefilling)
         return min(shared, _max_prefix(req)) >= cached + MIN_SHARED_TO_WAIT
 
     # -- commits and finishes ------------------------------------------------------------
@@ -127,13 +127,3 @@ def _max_prefix(req: Req) -> int:
     if req.wants_input_logprobs:
         limit = min(limit, max(req.logprob.logprob_start_len, 1) - 1)
     return max(limit, 0)
-
-
-def _common_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    i = 0
-    while a[i] == b[i]:
-        i += 1
-    return i

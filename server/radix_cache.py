@@ -61,24 +61,15 @@ class RadixCache:
         """The longest cached prefix of `ids[:max_len]`; an edge matched part-way is split so the
         match ends on a node (which a request can then lock)."""
         self._clock += 1
-        node, pos, parts = self.root, 0, []
-        node.last_used = self._clock
-        while pos < max_len and (child := node.children.get(ids[pos])) is not None:
-            n = _common_len(child.key, ids, pos, max_len)
-            if n < len(child.key):
-                child = self._split(child, n)
-            child.last_used = self._clock
-            parts.append(child.slots)
-            node, pos = child, pos + n
-        slots = torch.cat(parts) if parts else self.root.slots
-        return PrefixMatch(slots, node)
+        node, _, parts = self._descend(ids, max_len)
+        return PrefixMatch(torch.cat(parts) if parts else self.root.slots, node)
 
     def peek_prefix_len(self, ids: list[int], max_len: int) -> int:
         """What `match_prefix` would match, without splitting or touching anything: a pure read, so
         asking it (how often depends on timing) never changes what is evicted later."""
         node, pos = self.root, 0
         while pos < max_len and (child := node.children.get(ids[pos])) is not None:
-            n = _common_len(child.key, ids, pos, max_len)
+            n = common_prefix_len(child.key, ids, pos, max_len)
             pos += n
             if n < len(child.key):
                 break
@@ -105,13 +96,7 @@ class RadixCache:
         the node where `ids` end."""
         assert len(ids) == slots.numel(), "one KV slot per token id"
         self._clock += 1
-        node, pos = self.root, 0
-        while pos < len(ids) and (child := node.children.get(ids[pos])) is not None:
-            n = _common_len(child.key, ids, pos, len(ids))
-            if n < len(child.key):
-                child = self._split(child, n)
-            child.last_used = self._clock
-            node, pos = child, pos + n
+        node, pos, _ = self._descend(ids, len(ids))
         already = pos
         if pos < len(ids):
             leaf = TreeNode(list(ids[pos:]), slots[pos:].clone(), node, last_used=self._clock)
@@ -164,6 +149,19 @@ class RadixCache:
             yield node
             stack.extend(node.children.values())
 
+    def _descend(self, ids: list[int], stop: int) -> tuple[TreeNode, int, list[torch.Tensor]]:
+        """Walks down along `ids[:stop]`, splitting an edge matched part-way and marking every node
+        passed as used now; returns the last node, how many ids it matched, and their slots."""
+        node, pos, parts = self.root, 0, []
+        while pos < stop and (child := node.children.get(ids[pos])) is not None:
+            n = common_prefix_len(child.key, ids, pos, stop)
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_used = self._clock
+            parts.append(child.slots)
+            node, pos = child, pos + n
+        return node, pos, parts
+
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cuts `child`'s edge after `n` ids; returns the new upper node (which keeps the locks)."""
         parent = child.parent
@@ -175,10 +173,14 @@ class RadixCache:
         return upper
 
 
-def _common_len(key: list[int], ids: list[int], start: int, stop: int) -> int:
-    n = 0
+def common_prefix_len(key: list[int], ids: list[int], start: int = 0, stop: int | None = None) -> int:
+    """How many leading items of `key` equal `ids[start:stop]`, item by item."""
+    stop = len(ids) if stop is None else stop
     limit = min(len(key), stop - start)
-    while n < limit and key[n] == ids[start + n]:
+    if key[:limit] == ids[start : start + limit]:  # one C-level compare: the common case for long prompts
+        return limit
+    n = 0
+    while key[n] == ids[start + n]:
         n += 1
     return n
 
