@@ -70,8 +70,7 @@ class Scheduler:
         self.grammars = grammars  # None: constrained requests are refused at add_request
         self.reasoning = reasoning
         self.num_grammar_syncs = 0  # steps that processed results early for a constrained request
-        self.cache = cache  # the radix tree of committed KV; None: --disable-radix-cache
-        self.prefix = PrefixCache(kv_pool, req_pool, cache)
+        self.prefix = PrefixCache(kv_pool, req_pool, cache)  # tree None: --disable-radix-cache
 
     # -- arrivals -------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -192,13 +191,15 @@ class Scheduler:
             req, self.chunked_req = self.chunked_req, None
             chosen.append((req, min(req.prompt_len - req.scheduled_prefill_len, budget)))
             budget -= chosen[-1][1]
+        prefilling = self._prefilling() + [r for r, _ in chosen]  # once a step; each admission joins it
         # The request pool has one row per running request: a free row is the running cap.
         while self.waiting and budget > 0:
             req = self.waiting[0]
-            if self.prefix.should_wait(req, self._prefilling() + [r for r, _ in chosen]) or not self._reserve(req):
+            if self.prefix.should_wait(req, prefilling) or not self._reserve(req):
                 break  # head-of-line waits for memory; FIFO keeps admission fair
             self.waiting.popleft()
             chosen.append((req, min(req.prompt_len - req.scheduled_prefill_len, budget)))
+            prefilling.append(req)
             budget -= chosen[-1][1]
         for req, n in chosen:
             if req.scheduled_prefill_len + n < req.prompt_len:
@@ -335,6 +336,11 @@ class Scheduler:
         return True
 
     # -- accounting -----------------------------------------------------------------
+    @property
+    def cache(self) -> RadixCache | None:
+        """The radix tree of committed KV (None: --disable-radix-cache)."""
+        return self.prefix.tree
+
     @property
     def kv_cached_tokens(self) -> int:
         return self.prefix.num_tokens
