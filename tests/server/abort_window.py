@@ -1,6 +1,6 @@
 """The seed's window (SGLang #34112 / #34149), driven step by step on any device: a chunked prefill
-is aborted while its final chunk's result is still pending. Shared by the CUDA tests; the CPU
-suite's own copy of the window lives in test_abort.py."""
+is aborted while its final chunk's result is still pending. Shared by the CPU tests (test_abort.py,
+test_prefix_cache.py) and the CUDA ones."""
 from __future__ import annotations
 
 import torch

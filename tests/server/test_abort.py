@@ -6,16 +6,13 @@ import time
 
 import pytest
 import torch
+from abort_window import drive_to_final_chunk_pending, prompt
 from scripted import ScriptedRuntime
 
 from commitlog import FinishReason, Kind
 from server.outputs import AbortStatus
 
 CHUNK = 16
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 @pytest.fixture
@@ -29,25 +26,10 @@ def rt(tiny_checkpoint, tmp_path):
     runtime.close()
 
 
-def _to_final_extend_pending(rt: ScriptedRuntime, rid: str, prompt_len: int = 40):
-    """Drives a chunked prefill until its final EXTEND is launched and its result pending."""
-    req = rt.submit(_prompt(prompt_len, 1), rid, max_new_tokens=8)
-    while req.scheduled_prefill_len < req.prompt_len:
-        rt.sched.launch_next()  # the next chunk, overtaking the previous result (as run_step does)
-        while len(rt.sched.inflight) > 1:
-            rt.sched.process_oldest()
-        rt.sched.flush()
-    # The window of SGLang #34112 / #34149, exactly:
-    assert rt.sched.chunked_req is None
-    assert [h.batch.samples for h in rt.sched.inflight] == [[True]]  # only the final chunk, no middle ones
-    assert req.output_ids == [] and req.inflight_batches == 1
-    return req
-
-
 def test_i2_abort_with_pending_final_extend_commits_nothing(rt):
-    decoding = rt.submit(_prompt(5, 2), "other", max_new_tokens=30)
+    decoding = rt.submit(prompt(5, 2), "other", max_new_tokens=30)
     rt.step()
-    req = _to_final_extend_pending(rt, "victim")
+    req = drive_to_final_chunk_pending(rt, "victim")
     watermark, allocated, used = req.state.kv_committed_len, req.kv_allocated_len, rt.sched.kv_pool.num_used
     launches = len(rt.launched)
 
@@ -73,7 +55,7 @@ def test_i2_abort_with_pending_final_extend_commits_nothing(rt):
 
 
 def test_i2_abort_after_final_extend_processed_counts_the_committed_token(rt):
-    req = _to_final_extend_pending(rt, "late")
+    req = drive_to_final_chunk_pending(rt, "late")
     rt.sched.process_oldest()  # the result is processed before the abort: its token commits
     rt.sched.flush()
     rt.wait_durable()
@@ -86,11 +68,11 @@ def test_i2_abort_after_final_extend_processed_counts_the_committed_token(rt):
 
 
 def test_i2_doomed_member_is_excluded_while_decode_members_keep_their_path(rt, tiny_checkpoint, tmp_path):
-    a = rt.submit(_prompt(6, 3), "a", max_new_tokens=12)
-    b = rt.submit(_prompt(9, 4), "b", max_new_tokens=12)
+    a = rt.submit(prompt(6, 3), "a", max_new_tokens=12)
+    b = rt.submit(prompt(9, 4), "b", max_new_tokens=12)
     rt.step()
     rt.step()
-    c = _to_final_extend_pending(rt, "c")
+    c = drive_to_final_chunk_pending(rt, "c")
     launches = len(rt.launched)
     rt.abort("c")
     rt.drain()
@@ -99,7 +81,7 @@ def test_i2_doomed_member_is_excluded_while_decode_members_keep_their_path(rt, t
     assert all(a in batch.reqs and b in batch.reqs for batch in after if batch.mode.value == "decode")
     # The survivors' tokens are exactly what they produce without the aborted neighbour.
     ref = ScriptedRuntime(tiny_checkpoint("llama"), tmp_path / "ref", chunked_prefill_size=CHUNK)
-    ra, rb = ref.submit(_prompt(6, 3), "a", max_new_tokens=12), ref.submit(_prompt(9, 4), "b", max_new_tokens=12)
+    ra, rb = ref.submit(prompt(6, 3), "a", max_new_tokens=12), ref.submit(prompt(9, 4), "b", max_new_tokens=12)
     ref.drain()
     ref.close()
     assert (a.output_ids, b.output_ids) == (ra.output_ids, rb.output_ids)
@@ -108,14 +90,14 @@ def test_i2_doomed_member_is_excluded_while_decode_members_keep_their_path(rt, t
 
 def test_i3_discarded_segment_still_advances_packed_cursors(rt, tiny_checkpoint, tmp_path):
     opts = dict(max_new_tokens=3, return_logprob=True, top_logprobs_num=3, return_hidden_states=True)
-    first = rt.submit(_prompt(5, 5), "first", **opts)
-    second = rt.submit(_prompt(8, 6), "second", **opts)
+    first = rt.submit(prompt(5, 5), "first", **opts)
+    second = rt.submit(prompt(8, 6), "second", **opts)
     rt.sched.launch_next()  # both whole prompts in one extend: one packed result, both sample
     assert [r.rid for r in rt.launched[-1].reqs] == ["first", "second"] and rt.launched[-1].samples == [True, True]
     rt.abort("first")
     rt.drain()
     ref = ScriptedRuntime(tiny_checkpoint("llama"), tmp_path / "ref", chunked_prefill_size=CHUNK)
-    ref_second = ref.submit(_prompt(8, 6), "second", **opts)
+    ref_second = ref.submit(prompt(8, 6), "second", **opts)
     ref.drain()
     ref.close()
     # The aborted one attached nothing; the second read its own slices, not the first's.
@@ -131,8 +113,8 @@ def test_i3_discarded_segment_still_advances_packed_cursors(rt, tiny_checkpoint,
 
 
 def test_i2_abort_of_waiting_request_removes_it_without_any_forward(rt):
-    rt.submit(_prompt(20, 7), "busy", max_new_tokens=4)
-    req = rt.submit(_prompt(10, 8), "queued", max_new_tokens=4)
+    rt.submit(prompt(20, 7), "busy", max_new_tokens=4)
+    req = rt.submit(prompt(10, 8), "queued", max_new_tokens=4)
     answer = rt.abort("queued")
     assert answer.status is AbortStatus.ABORTED and answer.completion_tokens == 0
     rt.drain()
@@ -141,7 +123,7 @@ def test_i2_abort_of_waiting_request_removes_it_without_any_forward(rt):
 
 
 def test_i2_abort_with_pending_middle_chunk_discards_it_and_schedules_no_more_chunks(rt):
-    req = rt.submit(_prompt(60, 9), "long", max_new_tokens=4)
+    req = rt.submit(prompt(60, 9), "long", max_new_tokens=4)
     rt.sched.launch_next()  # chunk 1 of 4, result pending
     rt.abort("long")
     rt.drain()
@@ -151,7 +133,7 @@ def test_i2_abort_with_pending_middle_chunk_discards_it_and_schedules_no_more_ch
 
 
 def test_i2_abort_of_decoding_request_with_pending_result_keeps_committed_tokens_only(rt):
-    req = rt.submit(_prompt(8, 10), "dec", max_new_tokens=40)
+    req = rt.submit(prompt(8, 10), "dec", max_new_tokens=40)
     for _ in range(4):
         rt.step()
     assert req.inflight_batches == 1
@@ -167,7 +149,7 @@ def test_i2_abort_of_decoding_request_with_pending_result_keeps_committed_tokens
 
 
 def test_abort_answers_already_finished_and_unknown(rt):
-    rt.submit(_prompt(4, 11), "quick", max_new_tokens=2)
+    rt.submit(prompt(4, 11), "quick", max_new_tokens=2)
     rt.drain()
     done = rt.abort("quick")
     assert done.status is AbortStatus.ALREADY_FINISHED and done.completion_tokens == 2
@@ -179,7 +161,7 @@ def test_engine_abort_mid_generation_returns_exactly_the_acknowledged_tokens(tin
     engine = make_engine(tiny_checkpoint("llama"))
     results: dict[str, dict] = {}
     worker = threading.Thread(target=lambda: results.update(
-        out=engine.generate(input_ids=_prompt(10, 12), rid="stream-1",
+        out=engine.generate(input_ids=prompt(10, 12), rid="stream-1",
                             sampling_params={"max_new_tokens": 1000, "ignore_eos": True})))
     worker.start()
     while engine.scheduler.reqs.get("stream-1") is None or not engine.scheduler.reqs["stream-1"].output_ids:
@@ -197,7 +179,7 @@ def test_engine_abort_all_aborts_every_live_request(tiny_checkpoint, make_engine
     engine = make_engine(tiny_checkpoint("llama"), max_running_requests=2)
     outs: list = []
     worker = threading.Thread(target=lambda: outs.extend(engine.generate(
-        input_ids=[_prompt(8, s) for s in range(4)], sampling_params={"max_new_tokens": 1000, "ignore_eos": True})))
+        input_ids=[prompt(8, s) for s in range(4)], sampling_params={"max_new_tokens": 1000, "ignore_eos": True})))
     worker.start()
     while not any(r.output_ids for r in list(engine.scheduler.reqs.values())):
         time.sleep(0.001)
@@ -212,15 +194,15 @@ def test_i3_request_finished_with_a_decode_in_flight_does_not_shift_later_reques
     # The reference run tells which token "first" produces second, so a stop token can end it
     # there: a finish the scheduler cannot foresee, so its next decode is already in flight.
     ref = ScriptedRuntime(tiny_checkpoint("llama"), tmp_path / "ref", chunked_prefill_size=CHUNK)
-    ref_first = ref.submit(_prompt(6, 11), "first", max_new_tokens=12, ignore_eos=True)
-    ref_later = [ref.submit(_prompt(6, 12 + i), f"later{i}", max_new_tokens=12, ignore_eos=True) for i in range(2)]
+    ref_first = ref.submit(prompt(6, 11), "first", max_new_tokens=12, ignore_eos=True)
+    ref_later = [ref.submit(prompt(6, 12 + i), f"later{i}", max_new_tokens=12, ignore_eos=True) for i in range(2)]
     ref.drain()
     ref.close()
     stop_token = ref_first.output_ids[1]
     assert stop_token != ref_first.output_ids[0]
 
-    first = rt.submit(_prompt(6, 11), "first", max_new_tokens=12, ignore_eos=True, stop_token_ids=[stop_token])
-    later = [rt.submit(_prompt(6, 12 + i), f"later{i}", max_new_tokens=12, ignore_eos=True) for i in range(2)]
+    first = rt.submit(prompt(6, 11), "first", max_new_tokens=12, ignore_eos=True, stop_token_ids=[stop_token])
+    later = [rt.submit(prompt(6, 12 + i), f"later{i}", max_new_tokens=12, ignore_eos=True) for i in range(2)]
     rt.drain()
     assert first.output_ids == ref_first.output_ids[:2] and first.state.finish_reason is FinishReason.STOP
     # The window: a decode holding "first" was launched before the result that finished it was processed.

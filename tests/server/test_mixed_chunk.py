@@ -5,7 +5,7 @@ its ordinary path and its output equals a run without the aborted request (I2, I
 from __future__ import annotations
 
 import pytest
-import torch
+from abort_window import prompt as _prompt
 from scripted import ScriptedRuntime
 
 from commitlog import FinishReason, Kind
@@ -13,10 +13,6 @@ from server.forward_batch import ForwardMode
 from server.outputs import AbortStatus
 
 CHUNK = 16
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 @pytest.fixture

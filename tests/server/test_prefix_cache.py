@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from abort_window import drive_to_final_chunk_pending
+from abort_window import prompt as _prompt
 from scripted import ScriptedRuntime
 
 from commitlog import Kind
@@ -12,10 +14,6 @@ from server.memory import TokenToKVPool
 from server.radix_cache import RadixCache
 
 CHUNK = 16
-
-
-def _prompt(n: int, seed: int) -> list[int]:
-    return torch.randint(0, 500, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
 
 
 def _cache_of(n: int) -> RadixCache:
@@ -97,19 +95,13 @@ def test_shared_prefix_is_reused_logged_and_gives_the_cache_off_greedy_output(ti
 
 
 def test_only_committed_kv_enters_the_tree_when_a_pending_final_chunk_is_aborted(rt):
-    prompt = _prompt(40, 1)
-    victim = rt.submit(prompt, "victim", max_new_tokens=8)
-    while victim.scheduled_prefill_len < victim.prompt_len:  # chunks 16 + 16 commit; the final 8 is pending
-        rt.sched.launch_next()
-        while len(rt.sched.inflight) > 1:
-            rt.sched.process_oldest()
-        rt.sched.flush()
+    victim = drive_to_final_chunk_pending(rt, "victim")  # chunks 16 + 16 commit; the final 8 is pending
     assert victim.state.kv_committed_len == 32 and victim.inflight_batches == 1
     rt.abort("victim")
     rt.drain()  # the final chunk's result is discarded; its KV was written but never committed
     assert victim.state.kv_committed_len == 32
     assert rt.sched.kv_cached_tokens == 32, "the tree holds more than the victim's committed KV"
-    follower = rt.submit(prompt, "follower", max_new_tokens=4)
+    follower = rt.submit(victim.prompt_ids, "follower", max_new_tokens=4)
     rt.drain()
     assert follower.cached_len == follower.state.cached_tokens == 32  # never the discarded chunk's slots
 
