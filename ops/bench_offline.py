@@ -11,9 +11,11 @@ import random
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 PEER_SCRIPT = Path(__file__).with_name("peer_vllm_offline.py")
 BATCH1_PROMPT_LEN = 32
@@ -56,6 +58,26 @@ def make_workload(num: int, input_range: tuple[int, int], output_range: tuple[in
 
 def run_engine(model_dir: Path, work: Workload, durability: str, batch1_tokens: int) -> tuple[float, float | None]:
     """Output tok/s on the workload, and batch-1 decode ms per token (None when not asked)."""
+    with warmed_engine(model_dir, work, durability) as (engine, params):
+        started = time.perf_counter()
+        outs = engine.generate(input_ids=work.prompts, sampling_params=params)
+        elapsed = time.perf_counter() - started
+
+        prompt = batch1_prompt(work)
+
+        def one(new: int) -> None:
+            engine.generate(input_ids=[prompt], sampling_params={"max_new_tokens": new, "temperature": 0,
+                                                                 "ignore_eos": True})
+
+        batch1 = decode_ms_per_token(one, batch1_tokens)
+    assert sum(len(o["output_ids"]) for o in outs) == work.output_tokens  # type: ignore[index,union-attr]
+    return work.output_tokens / elapsed, batch1
+
+
+@contextmanager
+def warmed_engine(model_dir: Path, work: Workload, durability: str) -> Iterator[tuple[Any, list[dict[str, Any]]]]:
+    """An `Engine` logging to a temporary directory, warmed up on the workload's first prompts, and the
+    workload's greedy sampling params; shut down on exit."""
     from server import Engine
 
     params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in work.output_lens]
@@ -64,21 +86,9 @@ def run_engine(model_dir: Path, work: Workload, durability: str, batch1_tokens: 
                         log_dir=log_dir, log_durability=durability)
         try:
             engine.generate(input_ids=work.prompts[:4], sampling_params=params[:4])  # warm-up
-            started = time.perf_counter()
-            outs = engine.generate(input_ids=work.prompts, sampling_params=params)
-            elapsed = time.perf_counter() - started
-
-            prompt = batch1_prompt(work)
-
-            def one(new: int) -> None:
-                engine.generate(input_ids=[prompt],
-                                sampling_params={"max_new_tokens": new, "temperature": 0, "ignore_eos": True})
-
-            batch1 = decode_ms_per_token(one, batch1_tokens)
+            yield engine, params
         finally:
             engine.shutdown()
-    assert sum(len(o["output_ids"]) for o in outs) == work.output_tokens  # type: ignore[index,union-attr]
-    return work.output_tokens / elapsed, batch1
 
 
 def batch1_prompt(work: Workload) -> list[int]:

@@ -17,10 +17,7 @@ make install >/dev/null
 MODEL=${1:-$OUT_DIR/ckpt-tiny}
 [ -f "$MODEL/config.json" ] || .venv/bin/tokenledger bench checkpoint --out "$MODEL" --preset tiny >/dev/null
 PORT=31235
-wait_healthy() {
-  for _ in $(seq 600); do curl -sf "localhost:$PORT/health" >/dev/null && return 0; sleep 1; done
-  echo "server did not come up" >&2; return 1
-}
+. ops/bench_servers.sh  # wait_healthy, stop
 run_client() {  # $1: label
   "$PEER_VENV/bin/python" ops/peer_vllm_bench_serve.py --backend openai --base-url "http://127.0.0.1:$PORT" \
     --endpoint /v1/completions --model "$MODEL" --tokenizer "$MODEL" --dataset-name prefix_repetition \
@@ -30,7 +27,6 @@ run_client() {  # $1: label
     --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99 --save-result \
     --result-dir "$OUT_DIR" --result-filename "$1.json" > "$OUT_DIR/$1.client.log" 2>&1
 }
-stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 serve_ours() {  # $1: label, then extra flags
   local label=$1; shift
   .venv/bin/tokenledger serve --model-path "$MODEL" --served-model-name "$MODEL" --port $PORT \

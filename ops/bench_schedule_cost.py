@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from commitlog import Ledger
-from ops.bench_offline import Workload, make_workload
+from ops.bench_offline import Workload, make_workload, warmed_engine
 
 
 @contextmanager
@@ -42,19 +41,10 @@ def schedule_records(enabled: bool, timings: list[float]) -> Iterator[None]:
 def one_run(model_dir: Path, work: Workload, durability: str) -> tuple[float, float]:
     """Output tokens per wall second and per CPU second of this process (all its threads): on a
     machine shared with other work, CPU time is what the records can change, wall time is noise."""
-    from server import Engine
-
-    params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in work.output_lens]
-    with tempfile.TemporaryDirectory(prefix="tokenledger-bench-") as log_dir:
-        engine = Engine(model_path=str(model_dir), max_total_tokens=65536, max_running_requests=64,
-                        log_dir=log_dir, log_durability=durability)
-        try:
-            engine.generate(input_ids=work.prompts[:4], sampling_params=params[:4])  # warm-up
-            started, cpu_started = time.perf_counter(), time.process_time()
-            engine.generate(input_ids=work.prompts, sampling_params=params)
-            elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
-        finally:
-            engine.shutdown()
+    with warmed_engine(model_dir, work, durability) as (engine, params):
+        started, cpu_started = time.perf_counter(), time.process_time()
+        engine.generate(input_ids=work.prompts, sampling_params=params)
+        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     return work.output_tokens / elapsed, work.output_tokens / cpu
 
 

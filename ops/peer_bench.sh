@@ -23,10 +23,7 @@ fi
 MODEL=${1:-$OUT_DIR/ckpt-tiny}
 [ -f "$MODEL/config.json" ] || .venv/bin/tokenledger bench checkpoint --out "$MODEL" --preset tiny >/dev/null
 PORT=31234
-wait_healthy() {
-  for _ in $(seq 600); do curl -sf "localhost:$PORT/health" >/dev/null && return 0; sleep 1; done
-  echo "server did not come up" >&2; return 1
-}
+. ops/bench_servers.sh  # wait_healthy, stop
 SWEEP=${SWEEP:-}
 run_client() {  # $1: label [$2: concurrency, $3: prompts]
   local extra=() conc=${2:-$CONCURRENCY} n=${3:-$N}
@@ -45,7 +42,6 @@ our_client() {  # $1: label: the same load through `tokenledger bench serve`, to
 sweep() {  # $1: server label
   for c in $SWEEP; do run_client "$1-c$c" "$c" $(( c > 8 ? c : 8 )); done
 }
-stop() { kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
 
 .venv/bin/tokenledger serve --model-path "$MODEL" --served-model-name "$MODEL" --port $PORT \
   --log-dir "$OUT_DIR/log" --max-running-requests 64 ${TL_FLAGS:-} > "$OUT_DIR/tokenledger.server.log" 2>&1 &
