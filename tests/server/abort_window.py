@@ -39,9 +39,9 @@ def check_abort_with_final_chunk_pending(rt: ScriptedRuntime) -> None:
     watermark, allocated, used = req.state.kv_committed_len, req.kv_allocated_len, rt.sched.kv_pool.num_used
     launches = len(rt.launched)
     answer = rt.abort("victim")
-    assert answer.status is AbortStatus.ABORTED and answer.completion_tokens == 0
+    assert answer.status is AbortStatus.ABORTED and answer.completion_tokens == 0 and answer.lsn
     rt.sched.launch_next()  # the next schedule: the other request's decode only
-    assert rt.batches_with(req, after=launches) == [] and other in rt.launched[-1].reqs
+    assert rt.launched[launches:] and rt.batches_with(req, after=launches) == [] and other in rt.launched[-1].reqs
     assert req.kv_allocated_len in (allocated, 0) and req.state.kv_committed_len == watermark
     assert rt.sched.kv_pool.num_used <= used + 1, "only the other request's decode slot may be new"
     rt.sched.process_oldest()  # the final chunk's result: discarded
@@ -51,7 +51,8 @@ def check_abort_with_final_chunk_pending(rt: ScriptedRuntime) -> None:
     assert req.pool_row is None and req.kv_allocated_len == 0
     assert rt.kinds("victim")[-3:] == [Kind.ABORT_REQUESTED, Kind.DISCARD, Kind.FINISH]
     assert all(r.payload["ids"] == [] for r in rt.records("victim") if r.kind is Kind.COMMIT)
-    assert rt.client.tokens["victim"] == []
+    assert rt.client.tokens["victim"] == [] and rt.client.finish["victim"]["type"] == "abort"
+    assert next(r for r in rt.records("victim") if r.kind is Kind.ABORT_REQUESTED).lsn == answer.lsn
     rt.drain()
     assert rt.batches_with(req, after=launches) == []
     rt.sched.check_integrity()
