@@ -76,5 +76,25 @@ class CpuAttentionContext:
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.kv.store(layer_id, self.layout.out_cache_loc, k, v)
-        return paged_attention(q, self.kv.k_buffers[layer_id], self.kv.v_buffers[layer_id], self.layout,
-                               self.scale, self.num_threads)
+        k_pool, v_pool = self.kv.k_buffers[layer_id], self.kv.v_buffers[layer_id]
+        if torch.compiler.is_compiling():  # a compiled trunk calls the kernel as one opaque op
+            lay = self.layout
+            return torch.ops.tokenledger.cpu_paged_attention(q, k_pool, v_pool, lay.qo_indptr, lay.kv_indptr,
+                                                             lay.kv_indices, self.scale, self.num_threads)
+        return paged_attention(q, k_pool, v_pool, self.layout, self.scale, self.num_threads)
+
+
+@torch.library.custom_op("tokenledger::cpu_paged_attention", mutates_args=())
+def _paged_attention_op(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, qo_indptr: torch.Tensor,
+                        kv_indptr: torch.Tensor, kv_indices: torch.Tensor, scale: float, num_threads: int) -> torch.Tensor:
+    """`paged_attention` for a graph that inductor compiles: it reads the pools (written by the graph's
+    own index_put before this op, in graph order) and returns a new tensor."""
+    layout = BatchLayout(kv_indices[:0], qo_indptr, kv_indptr, kv_indices, False)
+    return paged_attention(q, k_pool, v_pool, layout, scale, num_threads)
+
+
+@_paged_attention_op.register_fake
+def _paged_attention_shape(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, qo_indptr: torch.Tensor,
+                           kv_indptr: torch.Tensor, kv_indices: torch.Tensor, scale: float,
+                           num_threads: int) -> torch.Tensor:
+    return torch.empty_like(q)

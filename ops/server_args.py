@@ -27,6 +27,9 @@ HELP = {
                            "later prompts with the same prefix reuse instead of recomputing)",
     "linear_backend": "matmuls of the linear layers: auto (onednn where it runs), onednn (weights packed once at "
                       "load, fp32 on CPU), torch (nn.Linear)",
+    "torch_compile": "compile the model's trunk with inductor (torch.compile): auto (on for fp32 on CPU with the "
+                     "cpu attention kernel, unless TOKENLEDGER_TORCH_COMPILE=off), on, off (eager); compiling "
+                     "takes seconds at start-up",
     "enable_metrics_sglang_names": "export the /metrics series that SGLang also has under SGLang's names "
                                    "(sglang:num_running_reqs, ...); docs/api.md has the mapping",
     "max_prompts_per_request": "prompts one HTTP request may hold (a batch, or an OpenAI prompt list times n); "

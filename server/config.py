@@ -15,6 +15,7 @@ REASONING_PARSERS = ("deepseek-r1", "qwen3")
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton", "flashinfer")  # kernels.registry.BACKEND_NAMES, without importing torch here
 LINEAR_BACKENDS = ("auto", "onednn", "torch")  # server.models.packed_linear, without importing torch here
 DEVICES = ("auto", "cpu", "cuda")  # server.device, without importing torch here
+TORCH_COMPILE_MODES = ("auto", "on", "off")  # server.models.compiled, without importing torch here
 
 
 def default_log_dir() -> Path:
@@ -43,6 +44,7 @@ class ServerArgs:
     attention_backend: str = "auto"  # auto | torch | cpu | triton | flashinfer (kernels.registry)
     device: str = "auto"  # auto | cpu | cuda (server.device): where the model, KV pools and tables live
     linear_backend: str = "auto"  # auto | onednn | torch (server.models.packed_linear)
+    torch_compile: str = "auto"  # auto | on | off (server.models.compiled): the trunk compiled by inductor
     log_dir: str | None = None
     log_durability: str = "fsync"
     random_seed: int = 0
@@ -112,5 +114,7 @@ class ServerArgs:
             raise ConfigError(f"--device must be one of {', '.join(DEVICES)}")
         if self.linear_backend not in LINEAR_BACKENDS:
             raise ConfigError(f"--linear-backend must be one of {', '.join(LINEAR_BACKENDS)}")
+        if self.torch_compile not in TORCH_COMPILE_MODES:
+            raise ConfigError(f"--torch-compile must be one of {', '.join(TORCH_COMPILE_MODES)}")
         if self.log_format not in ("console", "json"):
             raise ConfigError("--log-format must be console or json")

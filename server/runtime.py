@@ -17,6 +17,7 @@ from server.grammar.reasoning import THINK_END, THINK_START, ReasoningParser
 from server.memory import ReqToTokenPool, TokenToKVPool
 from server.model_runner import ModelRunner
 from server.models.causal_lm import CausalLM
+from server.models.compiled import compile_trunk, wants_compile, warm_up
 from server.models.config import ModelConfig
 from server.models.demo import model_dir_for
 from server.models.loader import load_model, parse_dtype
@@ -54,7 +55,8 @@ def model_fingerprint(model_dir: Path) -> str:
     return f"{model_dir.name}:{digest.hexdigest()[:16]}"
 
 
-def engine_settings(args: ServerArgs, model_dir: Path, policy: SchedulePolicy, kv_tokens: int) -> dict[str, object]:
+def engine_settings(args: ServerArgs, model_dir: Path, policy: SchedulePolicy, kv_tokens: int,
+                    compiled: str) -> dict[str, object]:
     """What SERVER_START records of the engine (commitlog.schedule.ENGINE_KEYS): every setting that
     changes a forward's numerics or the KV layout, so `replay --reexecute` can rebuild this engine."""
     return {
@@ -63,7 +65,7 @@ def engine_settings(args: ServerArgs, model_dir: Path, policy: SchedulePolicy, k
         "num_threads": torch.get_num_threads(), "mixed_chunk": policy.mixed_chunk, "overlap": policy.overlap,
         "chunked_prefill_size": policy.chunked_prefill_size, "max_prefill_tokens": policy.max_prefill_tokens,
         "kv_tokens": kv_tokens, "max_running_requests": policy.max_running_requests,
-        "context_len": policy.context_len, "reasoning_parser": args.reasoning_parser, "compiled": "eager",
+        "context_len": policy.context_len, "reasoning_parser": args.reasoning_parser, "compiled": compiled,
         "radix_cache": not args.disable_radix_cache,
         "software": f"torch {torch.__version__} {platform.machine()} {torch.backends.cpu.get_cpu_capability()}",
     }
@@ -88,12 +90,16 @@ def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink, beside_front
                             context_len, overlap=not args.disable_overlap_schedule,
                             mixed_chunk=args.enable_mixed_chunk)
     runner = ModelRunner(model, kv_pool, policy.future_slots, args.attention_backend, frozenset(eos))
+    if wants_compile(args.torch_compile, device, dtype, runner.attention):
+        compile_trunk(model)
+        warm_up(model, runner.attention)
     grammars = GrammarCompiler(tokenizer.hf_tokenizer, cfg.vocab_size, sorted(eos))
     reasoning = (ReasoningParser.create(args.reasoning_parser, tokenizer.token_id(THINK_START),
                                         tokenizer.token_id(THINK_END)) if args.reasoning_parser else None)
     tokenizer_dir = str(Path(args.tokenizer_path or model_dir).resolve())
     ledger = Ledger.open(log_dir, WalConfig(durability=Durability(args.log_durability)), model_fingerprint(model_dir),
-                         tokenizer_dir, engine_settings(args, model_dir, policy, kv_pool.capacity))
+                         tokenizer_dir, engine_settings(args, model_dir, policy, kv_pool.capacity,
+                                                                          model.compiled))
     rules = FinishRules(frozenset(eos), context_len, tokenizer.decode)
     cache = None if args.disable_radix_cache else RadixCache(kv_pool)
     scheduler = Scheduler(policy, runner, req_pool, kv_pool, ledger, rules, sink, grammars, reasoning, cache)

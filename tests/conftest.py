@@ -15,6 +15,10 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Engines here run their trunk eager unless a test asks for `torch_compile="on"`: compiling costs
+# seconds per engine and the suite builds hundreds (servers it starts inherit this too).
+os.environ.setdefault("TOKENLEDGER_TORCH_COMPILE", "off")
+
 from server.models.demo import CheckpointSpec, build_checkpoint  # noqa: E402
 
 TINY_SPECS = {

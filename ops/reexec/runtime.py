@@ -39,7 +39,9 @@ def server_args(engine: dict[str, Any], model_dir: Path, tokenizer_dir: str | No
         max_prefill_tokens=engine["max_prefill_tokens"], max_total_tokens=engine["kv_tokens"],
         max_running_requests=engine["max_running_requests"], context_length=engine["context_len"],
         reasoning_parser=engine["reasoning_parser"], log_durability="none",
-        disable_radix_cache=not engine.get("radix_cache", False))  # absent: logged before the cache existed
+        disable_radix_cache=not engine.get("radix_cache", False),  # absent: logged before the cache existed
+        # The same trunk as served: compiled and eager agree to float rounding, not bit for bit.
+        torch_compile="on" if engine.get("compiled") == "inductor" else "off")
 
 
 def build_scripted(args: ServerArgs, scratch: Path) -> tuple[Runtime, ScriptedScheduler]:

@@ -146,6 +146,7 @@ class CausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
+        self.compiled = "eager"  # or "inductor" once server.models.compiled has compiled the trunk
         self.model = DecoderModel(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
@@ -155,8 +156,14 @@ class CausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, ctx: AttentionContext,
                 num_positions: int | None = None) -> torch.Tensor:
         """`num_positions`: max(positions) + 1, when known on the host (see RotaryEmbedding.forward)."""
+        cos, sin = self.model.rotary_emb(positions, self.model.embed_tokens.weight.dtype, num_positions)
+        return self.trunk(input_ids, cos, sin, ctx)
+
+    def trunk(self, input_ids: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              ctx: AttentionContext) -> torch.Tensor:
+        """Embedding, every layer and the final norm: what `server.models.compiled` hands to inductor
+        (the rotary table's host-side bookkeeping stays outside, in `forward`)."""
         x = self.model.embed_tokens(input_ids)
-        cos, sin = self.model.rotary_emb(positions, x.dtype, num_positions)
         for layer in self.model.layers:
             x = layer(x, cos, sin, ctx)
         return self.model.norm(x)

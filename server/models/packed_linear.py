@@ -32,9 +32,28 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias.detach().clone() if linear.bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] == 0:  # no rows (a middle prefill chunk samples nothing): oneDNN wants M >= 1
-            return x.new_empty(0, self.out_features)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if torch.compiler.is_compiling():  # inductor cannot lower the packed op over dynamic shapes
+            return torch.ops.tokenledger.packed_linear(x, self.packed, self.bias, self.out_features)
+        return _linear_rows(x, self.packed, self.bias, self.out_features)
+
+
+def _linear_rows(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    if x.shape[0] == 0:  # no rows (a middle prefill chunk samples nothing): oneDNN wants M >= 1
+        return x.new_empty(0, out_features)
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@torch.library.custom_op("tokenledger::packed_linear", mutates_args=())
+def _packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+    """The packed matmul as one opaque op, so a compiled graph calls oneDNN as is and fuses around it
+    (eager calls `_linear_rows` directly: a custom op's dispatch costs microseconds per call)."""
+    return _linear_rows(x, packed, bias, out_features)
+
+
+@_packed_linear.register_fake
+def _packed_linear_shape(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+                         out_features: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], out_features)
 
 
 def apply_linear_backend(model: nn.Module, backend: str, dtype: torch.dtype) -> str:

@@ -157,8 +157,8 @@ def test_edited_stop_string_match_is_an_outcome_divergence(served: ServedLog, tm
     assert [rid for rid, r in found.items() if r["status"] != "proven"] == ["stopper"]
 
 
-@pytest.mark.parametrize("settings", [{"enable_mixed_chunk": True}, {"disable_overlap_schedule": True}],
-                         ids=["mixed-chunk", "no-overlap"])
+@pytest.mark.parametrize("settings", [{"enable_mixed_chunk": True}, {"disable_overlap_schedule": True},
+                                      {"torch_compile": "on"}], ids=["mixed-chunk", "no-overlap", "compiled-trunk"])
 def test_other_schedules_reexecute_bit_for_bit(tiny_checkpoint: Any, tmp_path: Path, settings: dict[str, Any]) -> None:
     from server import Engine
 

@@ -73,6 +73,27 @@ def test_i8_greedy_batch_matches_hf_generate_with_any_chunking_overlap_and_linea
     assert matched >= 0.9 * 4 * len(prompts) * MAX_NEW
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_i8_compiled_trunk_greedy_matches_hf_with_chunking_overlap_mixed_and_linear_backend(arch, tiny_checkpoint,
+                                                                                             make_engine):
+    model_dir = tiny_checkpoint(arch)
+    prompts = _prompts(500)
+    reference = _hf_greedy(model_dir, prompts)
+    matched = 0
+    for chunk, no_overlap, mixed, linear in ((-1, False, False, "auto"), (29, True, False, "torch"),
+                                             (64, False, True, "auto")):
+        engine = make_engine(model_dir, chunked_prefill_size=chunk, disable_overlap_schedule=no_overlap,
+                             enable_mixed_chunk=mixed, linear_backend=linear, torch_compile="on")
+        assert engine.scheduler.runner.model.compiled == "inductor"
+        outs = engine.generate(
+            input_ids=prompts, sampling_params={"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True},
+            return_logprob=True, top_logprobs_num=5,
+        )
+        for ours, (hf_ids, hf_lps) in zip(outs, reference):
+            matched += _compare(ours, hf_ids, hf_lps, top_k=5)
+    assert matched >= 0.9 * 3 * len(prompts) * MAX_NEW
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_input_logprobs_match_hf_log_softmax_across_chunks(arch, tiny_checkpoint, make_engine):
     model_dir = tiny_checkpoint(arch)
