@@ -76,8 +76,9 @@ class Summary:
 
 
 def plan_requests(args: argparse.Namespace, tokenizer: Any) -> list[PlannedRequest]:
-    """Random token ids decoded to text (as `vllm bench serve`'s random dataset does); the
-    prompt's token count is the re-encoded text's."""
+    """Random token ids decoded to text (as `vllm bench serve`'s random dataset does), adjusted until
+    the text re-encodes to the drawn length (`_text_of_length`); the prompt's token count is the
+    re-encoded text's."""
     rng = random.Random(args.seed)
     vocab = tokenizer.vocab_size
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
@@ -85,14 +86,29 @@ def plan_requests(args: argparse.Namespace, tokenizer: Any) -> list[PlannedReque
     for i in range(args.num_prompts):
         n_in = _draw(rng, args.input_len, args.range_ratio)
         n_out = _draw(rng, args.output_len, args.range_ratio)
-        ids = [t for t in (rng.randrange(vocab) for _ in range(n_in * 2)) if t not in special][:n_in]
-        text = tokenizer.decode(ids)
+        text = _text_of_length(tokenizer, n_in, rng, [t for t in range(vocab) if t not in special])
         way = AbortWay.NONE
         if rng.random() < args.abort_fraction:
             way = AbortWay.API if i % 2 == 0 else AbortWay.DISCONNECT
         plan.append(PlannedRequest(text, len(tokenizer.encode(text, add_special_tokens=False)), n_out, way,
                                    rng.uniform(0.0, 0.5)))
     return plan
+
+
+def _text_of_length(tokenizer: Any, length: int, rng: random.Random, usable: list[int], tries: int = 10) -> str:
+    """Text of random tokens that re-encodes to `length` tokens where a few rounds reach it: decoding
+    random ids and encoding the text merges and splits tokens (with a byte-level BPE, 256 random ids
+    re-encode to ~330), so a load meant as 256 in would send a third more. Each round keeps the
+    re-encoding's first `length` ids, or tops it up with fresh random ids, and decodes again."""
+    ids = [rng.choice(usable) for _ in range(length)]
+    text = tokenizer.decode(ids)
+    for _ in range(tries):
+        encoded = tokenizer.encode(text, add_special_tokens=False)
+        if len(encoded) == length:
+            break
+        ids = encoded[:length] + [rng.choice(usable) for _ in range(length - len(encoded))]
+        text = tokenizer.decode(ids)
+    return text
 
 
 def _draw(rng: random.Random, length: int, ratio: float) -> int:

@@ -46,13 +46,13 @@ sweep() {  # $1: server label
 .venv/bin/tokenledger serve --model-path "$MODEL" --served-model-name "$MODEL" --port $PORT \
   --log-dir "$OUT_DIR/log" --max-running-requests 64 ${TL_FLAGS:-} > "$OUT_DIR/tokenledger.server.log" 2>&1 &
 TL=$!; trap 'stop $TL' EXIT
-wait_healthy; run_client tokenledger; our_client tokenledger; sweep tokenledger; stop $TL
+wait_healthy; run_client tokenledger; our_client tokenledger; run_client tokenledger-again; sweep tokenledger; stop $TL
 [ -n "${SKIP_PEER:-}" ] && exit 0
 
 VLLM_CPU_KVCACHE_SPACE=2 "$PEER_VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
   --dtype float32 --port $PORT > "$OUT_DIR/vllm.server.log" 2>&1 &
 VL=$!; trap 'stop $VL' EXIT
-wait_healthy; run_client vllm; our_client vllm; sweep vllm; stop $VL
+wait_healthy; run_client vllm; our_client vllm; run_client vllm-again; sweep vllm; stop $VL
 
 .venv/bin/python -m ops.peer_table "$OUT_DIR/tokenledger.json" "$OUT_DIR/vllm.json"
 .venv/bin/python -m ops.peer_table --agreement "$OUT_DIR"

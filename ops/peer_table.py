@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 ROWS = (  # (label, key, higher is better)
@@ -42,20 +43,28 @@ AGREEMENT = (
 
 
 def agreement(out_dir: str) -> None:
-    """Each server loaded the same way by both clients, one after the other: how far apart they read."""
-    print("| server | metric | vllm bench serve | tokenledger bench serve | ours / theirs |")
+    """Each server loaded the same way by both clients in turn — vllm bench serve, ours, vllm bench serve
+    again — so ours is compared with the mean of the two runs around it (a machine whose load drifts
+    between runs moves both of those, not just one)."""
+    print("| server | metric | vllm bench serve (before, after) | tokenledger bench serve | ours / theirs |")
     print("| --- | --- | ---: | ---: | ---: |")
     for server in ("tokenledger", "vllm"):
-        with open(f"{out_dir}/{server}.json") as f:
-            theirs = json.load(f)
-        with open(f"{out_dir}/{server}.bench_serve.json") as f:
-            ours = json.load(f)
+        runs = [_load(f"{out_dir}/{name}.json") for name in (server, f"{server}-again")
+                if os.path.exists(f"{out_dir}/{name}.json")]
+        ours = _load(f"{out_dir}/{server}.bench_serve.json")
         for label, key, (section, our_key) in AGREEMENT:
             a = ours[our_key] if section is None else ours[section].get(our_key)
-            b = theirs.get(key)
-            if a is None or b is None:
+            values = [run[key] for run in runs if run.get(key) is not None]
+            if a is None or not values:
                 continue
-            print(f"| {server} | {label} | {b:,.1f} | {a:,.1f} | {a / b:.2f} |")
+            b = sum(values) / len(values)
+            shown = ", ".join(f"{v:,.1f}" for v in values)
+            print(f"| {server} | {label} | {b:,.1f} ({shown}) | {a:,.1f} | {a / b:.2f} |")
+
+
+def _load(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
 
 
 if __name__ == "__main__":
