@@ -14,6 +14,10 @@ results before launching whenever a constrained request is waiting on one: those
 without overlap, which keeps their output identical to the non-overlap schedule. Penalized
 requests (repetition/frequency/presence) follow the same rule: their token counts are
 committed state too (`Req.reads_committed_history`).
+
+Aborts likewise: when a doomed request still has a result pending, `run_step` processes the
+pending results (its segment is discarded, I2) and flushes before it launches, so the abort's
+FINISH reaches the client without waiting for one more forward.
 """
 from __future__ import annotations
 
@@ -70,6 +74,7 @@ class Scheduler:
         self.grammars = grammars  # None: constrained requests are refused at add_request
         self.reasoning = reasoning
         self.num_grammar_syncs = 0  # steps that processed results early for a constrained request
+        self.num_abort_syncs = 0  # steps that processed results early to finish an aborted request
         self.prefix = PrefixCache(kv_pool, req_pool, cache)  # tree None: --disable-radix-cache
 
     # -- arrivals -------------------------------------------------------------------
@@ -103,7 +108,14 @@ class Scheduler:
     # -- the loop -------------------------------------------------------------------
     def run_step(self) -> None:
         """One iteration: launch the next forward, process the result it overtook, flush."""
-        if self.inflight and self._grammar_waits_on_pending():
+        if self.inflight and self._abort_waits_on_pending():
+            # An aborted request's pending result is discarded now, and its finish flushed at once:
+            # overlapped, the abort would wait for one more forward first (issue 11's abort latency).
+            self.num_abort_syncs += 1
+            while self.inflight:
+                self.process_oldest()
+            self.flush()
+        elif self.inflight and self._grammar_waits_on_pending():
             self.num_grammar_syncs += 1
             while self.inflight:
                 self.process_oldest()
@@ -298,6 +310,9 @@ class Scheduler:
         futures = [r.grammar_future for r in self.compiling if r.grammar_future is not None]
         if futures and not self.waiting:
             wait(futures, timeout=0.05, return_when=FIRST_COMPLETED)
+
+    def _abort_waits_on_pending(self) -> bool:
+        return any(r.is_doomed and r.inflight_batches for r in self.reqs.values())
 
     def _grammar_waits_on_pending(self) -> bool:
         return any(r.reads_committed_history and r.inflight_tokens and not r.is_doomed for r in self.running)
