@@ -186,14 +186,14 @@ def print_table(s: Summary) -> None:
     print(f"{'duration (s)':32} {s.duration_s:.2f}")
     print(f"{'output tok/s':32} {s.output_tok_s:.1f}")
     print(f"{'total tok/s':32} {s.total_tok_s:.1f}")
-    print(f"{'metric (ms)':12} {'mean':>10} {'median':>10} {'p90':>10} {'p99':>10}")
+    print(f"{'metric (ms)':17} {'mean':>10} {'median':>10} {'p90':>10} {'p99':>10}")
     rows = [("TTFT", s.ttft_ms), ("TPOT", s.tpot_ms), ("ITL", s.itl_ms), ("E2E", s.e2e_ms)]
     if s.aborted:
         rows += [("abort", s.abort_latency_ms), *((f"abort {w}", st) for w, st in s.abort_latency_ms_by_way.items())]
     _print_rows(rows)
     if s.abort_latency_steps:
-        print(f"{'abort (steps)':12} {'mean':>10} {'median':>10} {'p90':>10} {'p99':>10}   (ms / mean TPOT)")
-        _print_rows([(kind if kind != "all" else "abort", st) for kind, st in s.abort_latency_steps.items()])
+        print(f"{'abort (steps)':17} {'mean':>10} {'median':>10} {'p90':>10} {'p99':>10}   (ms / mean TPOT)")
+        _print_rows([("abort" if kind == "all" else f"abort {kind}", st) for kind, st in s.abort_latency_steps.items()])
     if s.aborted:
         print(f"{'aborted requests':32} {s.aborted}")
     if s.kv_in_use_after_drain is not None:
@@ -202,4 +202,4 @@ def print_table(s: Summary) -> None:
 
 def _print_rows(rows: list[tuple[str, dict[str, float]]]) -> None:
     for name, st in rows:
-        print(f"{name:12} " + " ".join(f"{st.get(k, float('nan')):10.2f}" for k in ("mean", "median", "p90", "p99")))
+        print(f"{name:17} " + " ".join(f"{st.get(k, float('nan')):10.2f}" for k in ("mean", "median", "p90", "p99")))
