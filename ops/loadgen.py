@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-ABORT_POLL_S = 0.02
+ABORT_POLL_S = 0.05  # after the load: only a disconnect still being aborted is asked again
 NO_DURABLE_TIME_S = 2.0  # a logged abort whose durable time the server has not given by then: none
 # aiohttp, as `vllm bench serve` uses: under a 2-core load, httpx's streaming path took enough CPU
 # from the server it measured that the two clients disagreed by 20-40 % on the same load.
@@ -49,6 +49,8 @@ class RequestTiming:
     itl_s: list[float] = field(default_factory=list)
     aborted_by: AbortWay = AbortWay.NONE
     abort_latency_s: float | None = None  # abort call -> final chunk; close -> abort durable, for a disconnect
+    rid: str | None = None  # the server's id for it (from its chunks)
+    closed_at: float | None = None  # wall clock of a disconnect's close
 
     @property
     def tpot_s(self) -> float | None:
@@ -83,7 +85,13 @@ async def run_load(cfg: LoadConfig, plan: list[PlannedRequest],
                 await asyncio.sleep(rng.expovariate(cfg.request_rate))
             tasks.append(asyncio.create_task(_gated(client, cfg, req, gate, on_done)))
         timings = list(await asyncio.gather(*tasks))
-        return timings, time.perf_counter() - started
+        duration = time.perf_counter() - started
+        # Asked once the load is over: polling the log view during the run took the front's CPU from
+        # the streams it measured (an API abort's final chunk waited up to ~0.8 s behind those reads).
+        for timing in timings:
+            if timing.aborted_by is AbortWay.DISCONNECT and timing.rid and timing.closed_at is not None:
+                timing.abort_latency_s = await _durable_abort_latency(client, timing.rid, timing.closed_at)
+        return timings, duration
 
 
 async def _gated(client: aiohttp.ClientSession, cfg: LoadConfig, req: PlannedRequest, gate: asyncio.Semaphore | None,
@@ -142,7 +150,7 @@ async def _one(client: aiohttp.ClientSession, cfg: LoadConfig, req: PlannedReque
                     timing.aborted_by = AbortWay.DISCONNECT
                     timing.output_tokens = timing.output_tokens or chunks
                     response.close()
-                    timing.abort_latency_s = await _wait_logged_abort(client, event["id"], closed_at)
+                    timing.rid, timing.closed_at = event["id"], closed_at
                     break
             abort_called = abort_called if abort_called is not None else clock.called
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
@@ -173,25 +181,23 @@ async def _abort_later(client: aiohttp.ClientSession, rid: str, delay_s: float, 
         await answer.read()
 
 
-async def _wait_logged_abort(client: aiohttp.ClientSession, rid: str, closed_at: float,
-                             timeout_s: float = 30) -> float | None:
+async def _durable_abort_latency(client: aiohttp.ClientSession, rid: str, closed_at: float,
+                                 timeout_s: float = 10) -> float | None:
     """A disconnect has no answer to wait for: the abort is done once its finish is durable. The
     server says when (`abort_durable_time` in tokenledger's GET /requests/{rid}, wall clock), so the
-    poll interval adds nothing to the latency; a server without that route or field gives none."""
-    logged_at: float | None = None
-    while time.time() - closed_at < timeout_s:
+    latency does not depend on when it is asked; a server without that route or field gives none."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         async with client.get(f"/requests/{rid}") as r:
             text = await r.text()
             if r.status == 404 and "error" not in text:
                 return None  # not a tokenledger server
             view = json.loads(text) if r.status == 200 else {}
-            if (durable := view.get("abort_durable_time")) is not None:
-                return float(durable) - closed_at
-            # The log can show the FINISH a moment before the front has heard it is durable: ask again,
-            # for a while; a server that never gives the time is an older one.
-            if (view.get("finish_reason") or {}).get("type") == "abort" and logged_at is None:
-                logged_at = time.time()
-            if logged_at is not None and time.time() - logged_at > NO_DURABLE_TIME_S:
-                return None
+        if (durable := view.get("abort_durable_time")) is not None:
+            return float(durable) - closed_at
+        if (view.get("finish_reason") or {}).get("type") == "abort":
+            # The log can show the FINISH a moment before the front hears it is durable; a server that
+            # still gives no time a moment later is an older one.
+            deadline = min(deadline, time.monotonic() + NO_DURABLE_TIME_S)
         await asyncio.sleep(ABORT_POLL_S)
     return None
