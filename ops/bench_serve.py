@@ -9,7 +9,7 @@ import json
 import random
 import re
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -57,6 +57,17 @@ class Summary:
     aborted: int
     abort_latency_ms: dict[str, float]
     kv_in_use_after_drain: float | None
+    # By way: "api" (call -> final chunk) and "disconnect" (close -> the abort durable at the server).
+    abort_latency_ms_by_way: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def abort_latency_steps(self) -> dict[str, dict[str, float]]:
+        """Abort latency in decode steps (ms over this run's mean TPOT), all aborts and by way."""
+        tpot = self.tpot_ms.get("mean")
+        if not tpot:
+            return {}
+        kinds = {"all": self.abort_latency_ms, **self.abort_latency_ms_by_way}
+        return {kind: {k: round(v / tpot, 3) for k, v in st.items()} for kind, st in kinds.items() if st}
 
     @property
     def output_tok_s(self) -> float:
@@ -72,6 +83,7 @@ class Summary:
                 "output_tok_s": round(self.output_tok_s, 2), "total_tok_s": round(self.total_tok_s, 2),
                 "ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms, "itl_ms": self.itl_ms, "e2e_ms": self.e2e_ms,
                 "aborted": self.aborted, "abort_latency_ms": self.abort_latency_ms,
+                "abort_latency_ms_by_way": self.abort_latency_ms_by_way, "abort_latency_steps": self.abort_latency_steps,
                 "kv_in_use_after_drain": self.kv_in_use_after_drain}
 
 
@@ -127,7 +139,9 @@ def summarize(timings: list[RequestTiming], duration_s: float, kv_after: float |
         itl_ms=_stats([x for t in whole for x in t.itl_s]), e2e_ms=_stats([t.e2e_s for t in whole]),
         aborted=len(aborted),
         abort_latency_ms=_stats([t.abort_latency_s for t in aborted if t.abort_latency_s is not None]),
-        kv_in_use_after_drain=kv_after)
+        kv_in_use_after_drain=kv_after,
+        abort_latency_ms_by_way={way.value: st for way in (AbortWay.API, AbortWay.DISCONNECT) if (st := _stats(
+            [t.abort_latency_s for t in aborted if t.aborted_by is way and t.abort_latency_s is not None]))})
 
 
 def _stats(values_s: list[float]) -> dict[str, float]:
@@ -188,13 +202,20 @@ def print_table(s: Summary) -> None:
     print(f"{'duration (s)':32} {s.duration_s:.2f}")
     print(f"{'output tok/s':32} {s.output_tok_s:.1f}")
     print(f"{'total tok/s':32} {s.total_tok_s:.1f}")
-    print(f"{'metric (ms)':12} {'mean':>10} {'median':>10} {'p90':>10} {'p99':>10}")
+    print(f"{'metric (ms)':17} {'mean':>10} {'median':>10} {'p90':>10} {'p99':>10}")
     rows = [("TTFT", s.ttft_ms), ("TPOT", s.tpot_ms), ("ITL", s.itl_ms), ("E2E", s.e2e_ms)]
     if s.aborted:
-        rows.append(("abort", s.abort_latency_ms))
-    for name, st in rows:
-        print(f"{name:12} " + " ".join(f"{st.get(k, float('nan')):10.2f}" for k in ("mean", "median", "p90", "p99")))
+        rows += [("abort", s.abort_latency_ms), *((f"abort {w}", st) for w, st in s.abort_latency_ms_by_way.items())]
+    _print_rows(rows)
+    if s.abort_latency_steps:
+        print(f"{'abort (steps)':17} {'mean':>10} {'median':>10} {'p90':>10} {'p99':>10}   (ms / mean TPOT)")
+        _print_rows([("abort" if kind == "all" else f"abort {kind}", st) for kind, st in s.abort_latency_steps.items()])
     if s.aborted:
         print(f"{'aborted requests':32} {s.aborted}")
     if s.kv_in_use_after_drain is not None:
         print(f"{'KV in use after the drain':32} {s.kv_in_use_after_drain:g}")
+
+
+def _print_rows(rows: list[tuple[str, dict[str, float]]]) -> None:
+    for name, st in rows:
+        print(f"{name:17} " + " ".join(f"{st.get(k, float('nan')):10.2f}" for k in ("mean", "median", "p90", "p99")))

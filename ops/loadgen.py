@@ -1,6 +1,8 @@
 """An open-loop load generator for any OpenAI-compatible `/v1/completions`: streamed requests
 at a Poisson rate or a fixed concurrency, with per-request timings, and aborts at random
-times (by `/abort_request` or by disconnect) whose latency is measured to the final chunk."""
+times (by `/abort_request` or by disconnect). An API abort's latency runs from the call to the
+final chunk; a disconnect's from the client's close to the moment the server made the abort's
+finish durable (tokenledger's `abort_durable_time`; both wall clocks of this machine)."""
 from __future__ import annotations
 
 import asyncio
@@ -13,7 +15,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-ABORT_POLL_S = 0.02
+ABORT_POLL_S = 0.05  # after the load: only a disconnect still being aborted is asked again
+NO_DURABLE_TIME_S = 2.0  # a logged abort whose durable time the server has not given by then: none
 # aiohttp, as `vllm bench serve` uses: under a 2-core load, httpx's streaming path took enough CPU
 # from the server it measured that the two clients disagreed by 20-40 % on the same load.
 
@@ -45,7 +48,9 @@ class RequestTiming:
     e2e_s: float = 0.0
     itl_s: list[float] = field(default_factory=list)
     aborted_by: AbortWay = AbortWay.NONE
-    abort_latency_s: float | None = None  # abort call -> final chunk (or the log showing it, for a disconnect)
+    abort_latency_s: float | None = None  # abort call -> final chunk; close -> abort durable, for a disconnect
+    rid: str | None = None  # the server's id for it (from its chunks)
+    closed_at: float | None = None  # wall clock of a disconnect's close
 
     @property
     def tpot_s(self) -> float | None:
@@ -80,7 +85,13 @@ async def run_load(cfg: LoadConfig, plan: list[PlannedRequest],
                 await asyncio.sleep(rng.expovariate(cfg.request_rate))
             tasks.append(asyncio.create_task(_gated(client, cfg, req, gate, on_done)))
         timings = list(await asyncio.gather(*tasks))
-        return timings, time.perf_counter() - started
+        duration = time.perf_counter() - started
+        # Asked once the load is over: polling the log view during the run took the front's CPU from
+        # the streams it measured (an API abort's final chunk waited up to ~0.8 s behind those reads).
+        for timing in timings:
+            if timing.aborted_by is AbortWay.DISCONNECT and timing.rid and timing.closed_at is not None:
+                timing.abort_latency_s = await _durable_abort_latency(client, timing.rid, timing.closed_at)
+        return timings, duration
 
 
 async def _gated(client: aiohttp.ClientSession, cfg: LoadConfig, req: PlannedRequest, gate: asyncio.Semaphore | None,
@@ -135,10 +146,11 @@ async def _one(client: aiohttp.ClientSession, cfg: LoadConfig, req: PlannedReque
                 last = now
                 if req.abort is AbortWay.DISCONNECT and now - sent - timing.ttft_s >= req.abort_after_s:
                     abort_called = time.perf_counter()
+                    closed_at = time.time()  # the server stamps its durable time with this clock
                     timing.aborted_by = AbortWay.DISCONNECT
                     timing.output_tokens = timing.output_tokens or chunks
                     response.close()
-                    timing.abort_latency_s = await _wait_logged_abort(client, event["id"], abort_called)
+                    timing.rid, timing.closed_at = event["id"], closed_at
                     break
             abort_called = abort_called if abort_called is not None else clock.called
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
@@ -169,16 +181,23 @@ async def _abort_later(client: aiohttp.ClientSession, rid: str, delay_s: float, 
         await answer.read()
 
 
-async def _wait_logged_abort(client: aiohttp.ClientSession, rid: str, called: float,
-                             timeout_s: float = 30) -> float | None:
-    """A disconnect has no answer to wait for: the abort is done once the log shows it (tokenledger's
-    GET /requests/{rid}); a server without that route gives no latency."""
-    while time.perf_counter() - called < timeout_s:
+async def _durable_abort_latency(client: aiohttp.ClientSession, rid: str, closed_at: float,
+                                 timeout_s: float = 10) -> float | None:
+    """A disconnect has no answer to wait for: the abort is done once its finish is durable. The
+    server says when (`abort_durable_time` in tokenledger's GET /requests/{rid}, wall clock), so the
+    latency does not depend on when it is asked; a server without that route or field gives none."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
         async with client.get(f"/requests/{rid}") as r:
             text = await r.text()
             if r.status == 404 and "error" not in text:
                 return None  # not a tokenledger server
-            if r.status == 200 and (json.loads(text).get("finish_reason") or {}).get("type") == "abort":
-                return time.perf_counter() - called
+            view = json.loads(text) if r.status == 200 else {}
+        if (durable := view.get("abort_durable_time")) is not None:
+            return float(durable) - closed_at
+        if (view.get("finish_reason") or {}).get("type") == "abort":
+            # The log can show the FINISH a moment before the front hears it is durable; a server that
+            # still gives no time a moment later is an older one.
+            deadline = min(deadline, time.monotonic() + NO_DURABLE_TIME_S)
         await asyncio.sleep(ABORT_POLL_S)
     return None

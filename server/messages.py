@@ -72,6 +72,9 @@ class ReadyMsg:
 @dataclass(slots=True)
 class DeltasMsg:
     deltas: list[RequestDelta]
+    # Wall clock (time.time()) when their log group became durable: an abort's latency, measured
+    # against a client's clock on the same machine, needs no polling (`GET /requests/{rid}`).
+    durable_time: float = 0.0
 
 
 @dataclass(slots=True)
@@ -142,7 +145,7 @@ def decode(data: bytes) -> Message:
     tag, fields = msgpack.unpackb(data, raw=False, strict_map_key=False)
     cls = _TYPES[tag]
     if cls is DeltasMsg:
-        return DeltasMsg([RequestDelta(*row) for row in fields["deltas"]])
+        return DeltasMsg([RequestDelta(*row) for row in fields["deltas"]], fields["durable_time"])
     if cls is AbortReplyMsg:
         answers = [AbortAnswer(**(a | {"status": AbortStatus(a["status"])})) for a in fields["answers"]]
         return AbortReplyMsg(fields["ticket"], answers)

@@ -101,7 +101,7 @@ class SchedulerProcess:
             self.failure = error
             return
         if deltas:
-            self.sender.send(DeltasMsg(deltas))
+            self.sender.send(DeltasMsg(deltas, time.time()))
 
     def announce(self) -> None:
         rt = self.runtime

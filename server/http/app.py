@@ -106,6 +106,9 @@ def _add_admin_routes(app: FastAPI, front: Front, admin_key: str | None) -> None
         view = await asyncio.to_thread(_read_audit, front, rid)
         if view is None:
             raise HttpError(404, f"the log has no request {rid!r}", "not_found", "rid")
+        durable_time = front.client.abort_durable_times.get(rid)
+        if durable_time is not None and (view.get("finish_reason") or {}).get("type") == "abort":
+            view["abort_durable_time"] = durable_time  # wall clock (s) when its abort's finish was durable
         return JSONResponse(view)
 
 

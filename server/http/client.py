@@ -8,6 +8,7 @@ import itertools
 import multiprocessing
 import shutil
 import tempfile
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +48,8 @@ class RequestRejected(TokenLedgerError):
 
 
 _END = object()
+# Aborted rids whose durable time is remembered for `GET /requests/{rid}`: ~100 bytes each.
+ABORT_TIMES_KEPT = 4096
 
 
 @dataclass(eq=False)
@@ -77,6 +80,8 @@ class SchedulerClient:
         self.stopped = asyncio.Event()
         self.on_stats: list = []  # callbacks taking a StatsMsg
         self._streams: dict[str, Submission] = {}  # accepted and not yet finished
+        # rid -> wall clock when its abort's finish became durable (the last ABORT_TIMES_KEPT aborts)
+        self.abort_durable_times: OrderedDict[str, float] = OrderedDict()
         self._tickets = itertools.count(1)
         self._abort_futures: dict[int, asyncio.Future[list[AbortAnswer]]] = {}
         self._flush_futures: dict[int, asyncio.Future[FlushCacheReplyMsg]] = {}
@@ -120,6 +125,7 @@ class SchedulerClient:
         message = encode(GenerateMsg.from_spec(spec))  # first: a message that cannot be sent leaves no live rid
         submission = Submission(spec.rid)
         self._streams[spec.rid] = submission
+        self.abort_durable_times.pop(spec.rid, None)  # a new incarnation: an older abort's time is not its own
         # Not awaited: pyzmq queues sends in call order, so the order is fixed here, now.
         sent = self._push.send(message)
         sent.add_done_callback(lambda future: self._on_sent(submission, future))
@@ -200,6 +206,8 @@ class SchedulerClient:
                         submission.finished = True
                         submission.queue.put_nowait(_END)
                         del self._streams[delta.rid]
+                if delta.finish is not None and delta.finish.get("type") == "abort":
+                    self._note_abort(delta.rid, msg.durable_time)
         elif isinstance(msg, AbortReplyMsg):
             future = self._abort_futures.pop(msg.ticket, None)
             if future is not None and not future.done():
@@ -222,6 +230,12 @@ class SchedulerClient:
             self._fail(msg.message)
         elif isinstance(msg, StoppedMsg):
             self.stopped.set()
+
+    def _note_abort(self, rid: str, durable_time: float) -> None:
+        self.abort_durable_times[rid] = durable_time
+        self.abort_durable_times.move_to_end(rid)
+        while len(self.abort_durable_times) > ABORT_TIMES_KEPT:
+            self.abort_durable_times.popitem(last=False)
 
     async def _watch_process(self) -> None:
         while self.process.is_alive():

@@ -33,3 +33,9 @@ def test_bench_serve_measures_every_request_and_both_abort_ways(server):
     assert [t.output_tokens for t in timings[6:]] == [8, 8]
     assert summary.kv_in_use_after_drain == 0
     assert set(summary.ttft_ms) == {"mean", "median", "p90", "p99"} and summary.abort_latency_ms["p99"] > 0
+    # Each way on its own, and in decode steps (ms over the same run's mean TPOT), as issue 11's target is.
+    assert set(summary.abort_latency_ms_by_way) == {"api", "disconnect"}
+    assert all(st["p99"] > 0 for st in summary.abort_latency_ms_by_way.values())
+    steps = summary.abort_latency_steps
+    assert set(steps) == {"all", "api", "disconnect"}
+    assert steps["all"]["p99"] == round(summary.abort_latency_ms["p99"] / summary.tpot_ms["mean"], 3)

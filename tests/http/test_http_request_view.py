@@ -3,6 +3,8 @@ holding "/" reads back, and a request whose records are corrupt is reported as c
 the salvage command, by both routes (never a bare 500 or "unknown")."""
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -83,7 +85,8 @@ def test_a4_get_requests_reads_the_log_off_the_event_loop(monkeypatch):
         return {"rid": rid}
 
     monkeypatch.setattr(app_module, "_read_audit", slow_read)
-    front = SimpleNamespace(args=SimpleNamespace(api_key=None, admin_api_key=None), is_serving=True)
+    front = SimpleNamespace(args=SimpleNamespace(api_key=None, admin_api_key=None), is_serving=True,
+                            client=SimpleNamespace(abort_durable_times={}))
     answers: list[httpx.Response] = []
     with TestClient(app_module.create_app(front)) as client:  # type: ignore[arg-type]  # one event loop for both
         reader = threading.Thread(target=lambda: answers.append(client.get("/requests/long-one")))
@@ -95,3 +98,38 @@ def test_a4_get_requests_reads_the_log_off_the_event_loop(monkeypatch):
         reader.join()
     assert answers[0].json() == {"rid": "long-one"}
     assert health_s < 0.8, f"/health waited {health_s:.2f}s behind a log read"
+
+
+def test_an_aborted_request_reports_when_its_abort_became_durable_and_others_do_not(server):
+    """A disconnect's abort latency is the server's durable time minus the client's close (one
+    machine clock): `abort_durable_time` lies between the two, for a disconnect and an API abort."""
+    body = {"input_ids": [5, 6, 7], "rid": "gone-away", "stream": True,
+            "sampling_params": {**GREEDY, "max_new_tokens": 600}}
+    with httpx.Client(timeout=60) as client, client.stream("POST", f"{server.url}/generate", json=body) as r:
+        next(line for line in r.iter_lines() if line.startswith("data: {"))
+        closed = time.time()
+    view = wait_for_abort_time(server, "gone-away")
+    assert view["finish_reason"]["type"] == "abort" and closed <= view["abort_durable_time"] <= time.time()
+
+    body["rid"] = "api-aborted"
+    with httpx.Client(timeout=60) as client, client.stream("POST", f"{server.url}/generate", json=body) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith("data: {"))
+        called = time.time()
+        assert client.post(f"{server.url}/abort_request", json={"rid": "api-aborted"}).status_code == 200
+        last = [json.loads(line[6:]) for line in lines if line.startswith("data: {")][-1]
+    assert last["meta_info"]["finish_reason"]["type"] == "abort"
+    assert called <= wait_for_abort_time(server, "api-aborted")["abort_durable_time"] <= time.time()
+
+    generate(server, "ran-to-its-end")
+    assert "abort_durable_time" not in httpx.get(f"{server.url}/requests/ran-to-its-end").json()
+
+
+def wait_for_abort_time(server, rid: str, timeout_s: float = 30) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        view = httpx.get(f"{server.url}/requests/{rid}").json()
+        if "abort_durable_time" in view:
+            return view
+        time.sleep(0.05)
+    raise AssertionError(f"{rid}: no abort_durable_time after {timeout_s} s: {view}")

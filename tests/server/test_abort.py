@@ -124,6 +124,48 @@ def test_i2_abort_of_decoding_request_with_pending_result_keeps_committed_tokens
     assert rt.rebuilt("dec").output_ids == committed
 
 
+@pytest.fixture
+def fsync_rt(tiny_checkpoint, tmp_path):
+    runtime = ScriptedRuntime(tiny_checkpoint("llama"), tmp_path / "log", chunked_prefill_size=CHUNK,
+                              log_durability="fsync")
+    yield runtime
+    runtime.drain()
+    runtime.sched.check_integrity()
+    runtime.close()
+
+
+def test_an_abort_with_a_result_pending_is_finished_and_durable_before_the_next_forward(fsync_rt):
+    """Issue 11's abort latency: overlapped, the aborted request's pending result is processed
+    (discarded, I2) and its FINISH written, and durable, at the start of the next step before that
+    step's forward runs; not after it, one forward later. The other request runs on unchanged."""
+    rt = fsync_rt
+    other = rt.submit(prompt(6, 12), "other", max_new_tokens=12)
+    req = rt.submit(prompt(8, 13), "dec", max_new_tokens=40)
+    for _ in range(4):
+        rt.step()
+    assert req.inflight_batches == 1 and rt.sched.policy.overlap
+    committed = list(req.output_ids)
+    rt.abort("dec")
+    seen: list[tuple[bool, list[Kind]]] = []
+    launch = rt.sched.runner.launch
+
+    def watch(batch):
+        if not seen:  # durable before this forward starts; a read then shows what was written
+            durable = rt.sched.ledger.writer.durable_lsn
+            seen.append((req.is_finished and req.pool_row is None, [r.kind for r in rt.records("dec") if r.lsn <= durable]))
+        return launch(batch)
+
+    rt.sched.runner.launch = watch  # type: ignore[method-assign]
+    rt.step()
+    finished_before_launch, durable_before_launch = seen[0]
+    assert finished_before_launch, "the aborted request still held its row when the next forward ran"
+    assert durable_before_launch[-3:] == [Kind.ABORT_REQUESTED, Kind.DISCARD, Kind.FINISH]
+    assert rt.sched.num_abort_syncs == 1 and rt.client.finish["dec"]["type"] == "abort"
+    assert req.output_ids == committed == rt.client.tokens["dec"]
+    rt.drain()
+    assert len(other.output_ids) == 12
+
+
 def test_abort_answers_already_finished_and_unknown(rt):
     rt.submit(prompt(4, 11), "quick", max_new_tokens=2)
     rt.drain()

@@ -12,8 +12,8 @@ def test_a_deltas_message_round_trips_every_field_of_every_delta():
                         input_logprobs=[-3.0], hidden_states=[[0.25, -0.5]], finish={"type": "length", "length": 2},
                         completion_tokens=2, reasoning_tokens=1)
     bare = RequestDelta(rid="r-2")
-    got = decode(encode(DeltasMsg([full, bare])))
-    assert isinstance(got, DeltasMsg)
+    got = decode(encode(DeltasMsg([full, bare], durable_time=1767225600.125)))
+    assert isinstance(got, DeltasMsg) and got.durable_time == 1767225600.125
     # msgpack has one sequence type: the (id, logprob) pairs come back as lists.
     want = dataclasses.replace(full, top_logprobs=[[[5, -0.5], [7, -2.0]]])
     assert got.deltas == [want, bare]
