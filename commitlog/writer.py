@@ -2,6 +2,9 @@
 
 Callers encode records themselves (codec.Encoder) so this thread spends its time inside
 LMDB's commit and fsync, which release the GIL; a busy scheduler thread is not slowed.
+Group commit across steps: the groups that queued up while the writer was busy (in an
+fsync) go into its next write txn together, so one fsync makes them all durable and the
+writer never falls a queue of fsyncs behind the scheduler.
 """
 from __future__ import annotations
 
@@ -124,43 +127,66 @@ class WalWriter:
             raise self._error
 
     def _run(self) -> None:
+        held: _Item | None = None  # taken off the queue behind a batch of groups; runs next, in order
         while True:
-            try:
-                item = self._queue.get(timeout=self._time_to_sync())
-            except queue.Empty:
-                self._guarded(None, self._sync_unsynced)
-                continue
+            if held is not None:
+                item, held = held, None
+            else:
+                try:
+                    item = self._queue.get(timeout=self._time_to_sync())
+                except queue.Empty:
+                    self._guarded([], self._sync_unsynced)
+                    continue
             if item is _STOP:
                 break
-            self._handle(item)
+            if item.group is not None and self._error is None:
+                batch, held = self._queued_groups(item)
+                self._guarded([i.callback for i in batch], self._write, batch)
+            else:
+                self._handle(item)
         if self._error is None:
-            self._guarded(None, self._sync_unsynced)
+            self._guarded([], self._sync_unsynced)
+
+    def _queued_groups(self, first: _Item) -> tuple[list[_Item], _Item | None]:
+        """`first` and the groups queued behind it (at most `max_pending_groups`), up to the first
+        item that is not a group (a job, the stop), which is returned to run after them."""
+        batch = [first]
+        while len(batch) < self._max_pending:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return batch, None
+            if item.group is None:
+                return batch, item
+            batch.append(item)
+        return batch, None
 
     def _handle(self, item: _Item) -> None:
         if self._error is not None:
             self._reject(item, self._error)
-        elif item.group is not None:
-            self._guarded(item.callback, self._write, item.group, item.callback)
         elif item.job is not None and item.future is not None:
             try:
                 item.future.set_result(item.job(self.wal))
             except BaseException as exc:  # the job's own failure belongs to its caller
                 item.future.set_exception(exc)
 
-    def _guarded(self, callback: DurableCallback | None, fn: Callable[..., None], *args: Any) -> None:
+    def _guarded(self, callbacks: list[DurableCallback | None], fn: Callable[..., None], *args: Any) -> None:
         try:
             fn(*args)
         except BaseException as exc:  # any write error is fatal: never retried, never swallowed
-            self._fail(exc, callback)
+            self._fail(exc, callbacks)
 
-    def _write(self, group: EncodedGroup, callback: DurableCallback | None) -> None:
-        self.wal.write_group(group)
+    def _write(self, batch: list[_Item]) -> None:
+        groups = [item.group for item in batch if item.group is not None]
+        self.wal.write_groups(groups)  # one txn: under fsync, one sync makes every group in it durable
         if self.durability is Durability.PERIODIC:
-            self._unsynced.append((group.last_lsn, group.last_hash, callback))
+            self._unsynced.extend((item.group.last_lsn, item.group.last_hash, item.callback)
+                                  for item in batch if item.group is not None)
             if self._time_to_sync() == 0:
                 self._sync_unsynced()
         else:
-            self._publish(group.last_lsn, group.last_hash, [callback])
+            self._publish(groups[-1].last_lsn, groups[-1].last_hash,
+                          [(group.last_lsn, item.callback) for group, item in zip(groups, batch)])
 
     def _time_to_sync(self) -> float | None:
         if not self._unsynced:
@@ -173,18 +199,19 @@ class WalWriter:
             return
         self.wal.sync()
         pending, self._unsynced = self._unsynced, []
-        self._publish(pending[-1][0], pending[-1][1], [cb for _, _, cb in pending])
+        self._publish(pending[-1][0], pending[-1][1], [(pending[-1][0], cb) for _, _, cb in pending])
 
-    def _publish(self, lsn: int, chain_hash: bytes, callbacks: list[DurableCallback | None]) -> None:
+    def _publish(self, lsn: int, chain_hash: bytes, callbacks: list[tuple[int, DurableCallback | None]]) -> None:
+        """`lsn` is durable now; each callback gets the LSN it waited for (its group's last, or the sync's)."""
         with self._cond:
             self._durable_lsn = lsn
             self._durable_head = (lsn, chain_hash)
             if lsn >= self._wanted_lsn:  # wake waiters only when one of them is satisfied
                 self._wanted_lsn = _NO_WAITER
                 self._cond.notify_all()
-        for callback in callbacks:
+        for callback_lsn, callback in callbacks:
             if callback is not None:
-                self._run_callback(callback, lsn, None)
+                self._run_callback(callback, callback_lsn, None)
 
     def _run_callback(self, callback: DurableCallback, lsn: int, error: BaseException | None) -> None:
         try:
@@ -192,7 +219,7 @@ class WalWriter:
         except Exception:
             _log().exception("durable_callback_failed", lsn=lsn)
 
-    def _fail(self, exc: BaseException, callback: DurableCallback | None) -> None:
+    def _fail(self, exc: BaseException, callbacks: list[DurableCallback | None]) -> None:
         error = WriterFailedError(
             f"log writer for {self.wal.log_dir} failed: {type(exc).__name__}: {exc}. Nothing after "
             f"LSN {self._durable_lsn} is durable; stop the server, check the disk, then restart "
@@ -207,8 +234,9 @@ class WalWriter:
             if pending is not None:
                 self._run_callback(pending, self._durable_lsn, error)
         self._unsynced = []
-        if callback is not None:
-            self._run_callback(callback, self._durable_lsn, error)
+        for callback in callbacks:
+            if callback is not None:
+                self._run_callback(callback, self._durable_lsn, error)
 
     def _reject(self, item: _Item, error: WriterFailedError) -> None:
         if item.callback is not None:
