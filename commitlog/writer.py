@@ -38,6 +38,18 @@ class _Item:
     future: Future[Any] | None = None
 
 
+@dataclass(slots=True)
+class WriterStats:
+    """Where the log's time goes (bench throughput --paired reads them). Each field has one writing
+    thread: the txn figures the writer's, `back_pressure_seconds` the submitter's."""
+
+    num_txns: int = 0
+    num_groups: int = 0
+    write_seconds: float = 0.0  # in LMDB write txns, commit (and its fsync) included
+    max_write_seconds: float = 0.0
+    back_pressure_seconds: float = 0.0  # `submit` blocked on a full queue
+
+
 _STOP = _Item()
 _NO_WAITER = 1 << 63
 
@@ -60,6 +72,7 @@ class WalWriter:
         self._error: WriterFailedError | None = None
         self._unsynced: list[tuple[int, bytes, DurableCallback | None]] = []
         self._last_sync = time.monotonic()
+        self.stats = WriterStats()
         self._thread = threading.Thread(target=self._run, name="commitlog-writer", daemon=True)
         self._thread.start()
 
@@ -93,7 +106,9 @@ class WalWriter:
         while pending and pending[0] <= self._durable_lsn:
             pending.popleft()
         if len(pending) >= self._max_pending:
+            started = time.perf_counter()
             self.wait_durable(pending[len(pending) // 2])
+            self.stats.back_pressure_seconds += time.perf_counter() - started
 
     def call(self, job: Callable[[Wal], Any]) -> Future[Any]:
         """Run `job(wal)` on the writer thread, between groups (in-process reads, retention)."""
@@ -178,7 +193,9 @@ class WalWriter:
 
     def _write(self, batch: list[_Item]) -> None:
         groups = [item.group for item in batch if item.group is not None]
+        started = time.perf_counter()
         self.wal.write_groups(groups)  # one txn: under fsync, one sync makes every group in it durable
+        self._count(len(groups), time.perf_counter() - started)
         if self.durability is Durability.PERIODIC:
             self._unsynced.extend((item.group.last_lsn, item.group.last_hash, item.callback)
                                   for item in batch if item.group is not None)
@@ -187,6 +204,13 @@ class WalWriter:
         else:
             self._publish(groups[-1].last_lsn, groups[-1].last_hash,
                           [(group.last_lsn, item.callback) for group, item in zip(groups, batch)])
+
+    def _count(self, num_groups: int, seconds: float) -> None:
+        stats = self.stats
+        stats.num_txns += 1
+        stats.num_groups += num_groups
+        stats.write_seconds += seconds
+        stats.max_write_seconds = max(stats.max_write_seconds, seconds)
 
     def _time_to_sync(self) -> float | None:
         if not self._unsynced:

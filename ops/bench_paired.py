@@ -91,10 +91,36 @@ def measure_pairs(run_a: Callable[[], float], run_b: Callable[[], float], num_pa
     return pairs
 
 
-def tokens_per_s(engine: Any, prompts: list[list[int]], params: dict[str, Any]) -> Callable[[], float]:
-    """One timed `generate` of the whole workload: output tokens per wall second."""
+@dataclass(frozen=True, slots=True)
+class LogTime:
+    """What one run spent in the log's writer (the deltas of `WriterStats` over the run)."""
+
+    num_txns: int
+    num_groups: int
+    write_seconds: float
+    max_write_seconds: float
+    back_pressure_seconds: float
+
+    def row(self) -> str:
+        mean_ms = 1e3 * self.write_seconds / max(1, self.num_txns)
+        return (f"{self.num_txns:4d}/{self.num_groups:<4d} {mean_ms:6.2f} {1e3 * self.max_write_seconds:7.2f} "
+                f"{self.back_pressure_seconds:6.3f}")
+
+
+def tokens_per_s(engine: Any, prompts: list[list[int]], params: dict[str, Any],
+                 log_times: list[LogTime]) -> Callable[[], float]:
+    """One timed `generate` of the whole workload: output tokens per wall second; appends the
+    run's `LogTime` to `log_times`."""
+    stats = engine.scheduler.ledger.writer.stats
+
     def run() -> float:
+        before = (stats.num_txns, stats.num_groups, stats.write_seconds, stats.back_pressure_seconds)
+        stats.max_write_seconds = 0.0
         started = time.perf_counter()
         outs = engine.generate(input_ids=prompts, sampling_params=params)
-        return sum(len(o["output_ids"]) for o in outs) / (time.perf_counter() - started)
+        rate = sum(len(o["output_ids"]) for o in outs) / (time.perf_counter() - started)
+        log_times.append(LogTime(stats.num_txns - before[0], stats.num_groups - before[1],
+                                 stats.write_seconds - before[2], stats.max_write_seconds,
+                                 stats.back_pressure_seconds - before[3]))
+        return rate
     return run

@@ -15,7 +15,7 @@ import statistics
 import tempfile
 from typing import Any
 
-from ops.bench_paired import measure_pairs, paired_cost, tokens_per_s
+from ops.bench_paired import LogTime, measure_pairs, paired_cost, tokens_per_s
 from ops.bench_rounds import measure_interleaved
 
 CONFIGS = (
@@ -76,16 +76,20 @@ def run_paired(args: argparse.Namespace, prompts: list[list[int]], params: dict[
         try:
             for engine in engines:
                 engine.generate(input_ids=prompts[:4], sampling_params=params)  # warm-up (and compile)
-            none_run, fsync_run = (tokens_per_s(e, prompts, params) for e in engines)
+            log_times: tuple[list[LogTime], list[LogTime]] = ([], [])
+            none_run, fsync_run = (tokens_per_s(e, prompts, params, t) for e, t in zip(engines, log_times))
             pairs = measure_pairs(none_run, fsync_run, args.paired)
         finally:
             for engine in engines:
                 engine.shutdown()
     result = paired_cost(pairs)
     print(f"{overlap}: WAL fsync vs none, {len(pairs)} pairs (order ABBA BAAB ...)")
-    print(f"{'pair':>4} {'none tok/s':>11} {'fsync tok/s':>12} {'fsync/none':>11}")
+    print("log columns, fsync run: write txns/groups, mean and max ms per txn (commit + fsync), seconds blocked "
+          "on a full queue; last columns: the same for the none run")
+    print(f"{'pair':>4} {'none tok/s':>11} {'fsync tok/s':>12} {'fsync/none':>11}  {'txn/grp':9} {'mean':>6} "
+          f"{'max':>7} {'block':>6}  {'txn/grp':9} {'mean':>6} {'max':>7} {'block':>6}")
     for i, ((none, fsync), ratio) in enumerate(zip(pairs, result.ratios)):
-        print(f"{i:4d} {none:11.1f} {fsync:12.1f} {ratio:11.3f}")
+        print(f"{i:4d} {none:11.1f} {fsync:12.1f} {ratio:11.3f}  {log_times[1][i].row()}  {log_times[0][i].row()}")
     print(f"cost of fsync: {100 * result.cost:.2f}% (median of pair ratios), "
           f"{100 * result.confidence:.1f}% interval [{100 * result.cost_low:.2f}%, {100 * result.cost_high:.2f}%]; "
           f"{result.verdict(args.budget)}")
