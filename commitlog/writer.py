@@ -254,11 +254,11 @@ class WalWriter:
         with self._cond:
             self._error = error
             self._cond.notify_all()
-        for _, _, pending in self._unsynced:
-            if pending is not None:
-                self._run_callback(pending, self._durable_lsn, error)
+        # A periodic sync that fails inside a write has that write's callbacks in `_unsynced` too: once each.
+        waiting = [pending for _, _, pending in self._unsynced]
+        waiting += [cb for cb in callbacks if not any(cb is other for other in waiting)]
         self._unsynced = []
-        for callback in callbacks:
+        for callback in waiting:
             if callback is not None:
                 self._run_callback(callback, self._durable_lsn, error)
 

@@ -142,3 +142,23 @@ def test_write_groups_in_one_txn_applies_each_group_as_if_alone(log_dir: Path) -
         assert txn.get(b"r", db=wal.live) is None
     assert LogReader(wal).verify().num_records == 4
     wal.close()
+
+
+def test_a_failed_periodic_sync_calls_each_waiting_group_back_once(log_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = WalConfig(durability=Durability.PERIODIC, sync_interval_ms=1)
+    wal = Wal.open(log_dir, cfg)
+
+    def broken_sync() -> None:
+        raise lmdb.DiskError("fsync: Input/output error")
+
+    monkeypatch.setattr(wal, "sync", broken_sync)
+    writer = WalWriter(wal, cfg)
+    calls: list[BaseException | None] = []
+    done = threading.Event()
+    threading.Event().wait(0.01)  # the interval has run out: the sync happens inside the group's write
+    writer.submit(_groups(1)[0], lambda lsn, err: (calls.append(err), done.set()))
+    assert done.wait(10)
+    with pytest.raises(WriterFailedError):
+        writer.close()
+    assert len(calls) == 1 and isinstance(calls[0], WriterFailedError)
+    wal.close()
