@@ -15,7 +15,7 @@ import statistics
 import tempfile
 from typing import Any
 
-from ops.bench_paired import LogTime, measure_pairs, paired_cost, tokens_per_s
+from ops.bench_paired import LogTime, measure_pairs, paired_cost, tokens_per_s, waited_cost
 from ops.bench_rounds import measure_interleaved
 
 CONFIGS = (
@@ -85,15 +85,19 @@ def run_paired(args: argparse.Namespace, prompts: list[list[int]], params: dict[
     result = paired_cost(pairs)
     print(f"{overlap}: WAL fsync vs none, {len(pairs)} pairs (order ABBA BAAB ...)")
     print("log columns, fsync run: write txns/groups, mean and max ms per txn (commit + fsync), seconds blocked "
-          "on a full queue; last columns: the same for the none run")
+          "on a full queue, ms from the last flush to durable (tail); last columns: the same for the none run")
     print(f"{'pair':>4} {'none tok/s':>11} {'fsync tok/s':>12} {'fsync/none':>11}  {'txn/grp':9} {'mean':>6} "
-          f"{'max':>7} {'block':>6}  {'txn/grp':9} {'mean':>6} {'max':>7} {'block':>6}")
+          f"{'max':>7} {'block':>6} {'tail':>6}  {'txn/grp':9} {'mean':>6} {'max':>7} {'block':>6} {'tail':>6}")
     for i, ((none, fsync), ratio) in enumerate(zip(pairs, result.ratios)):
         print(f"{i:4d} {none:11.1f} {fsync:12.1f} {ratio:11.3f}  {log_times[1][i].row()}  {log_times[0][i].row()}")
     print(f"cost of fsync: {100 * result.cost:.2f}% (median of pair ratios), "
           f"{100 * result.confidence:.1f}% interval [{100 * result.cost_low:.2f}%, {100 * result.cost_high:.2f}%]; "
           f"{result.verdict(args.budget)}")
+    waited = waited_cost(*log_times)
+    print(f"of which waiting on the log (queue + tail, fsync minus none): {100 * waited.cost:.2f}%, "
+          f"{100 * waited.confidence:.1f}% interval [{100 * waited.cost_low:.2f}%, {100 * waited.cost_high:.2f}%]")
     print(json.dumps({"overlap": not args.disable_overlap_schedule, "pairs": pairs,
                       "median_ratio": result.median_ratio, "cost": result.cost,
-                      "cost_interval": [result.cost_low, result.cost_high], "confidence": result.confidence}))
+                      "cost_interval": [result.cost_low, result.cost_high], "confidence": result.confidence,
+                      "waited_cost": waited.cost, "waited_cost_interval": [waited.cost_low, waited.cost_high]}))
     return 0

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from ops.bench_paired import measure_pairs, median_interval, pair_order, paired_cost
+from ops.bench_paired import LogTime, measure_pairs, median_interval, pair_order, paired_cost, waited_cost
 
 
 def test_median_interval_takes_the_sign_test_order_statistics() -> None:
@@ -54,6 +54,17 @@ def test_paired_cost_is_one_minus_the_median_ratio_with_its_interval() -> None:
     assert paired_cost([(100.0, 90.0 + 0.01 * i) for i in range(10)]).verdict(0.03) == "at or above 3%: shown"
 
 
+def test_waited_cost_is_the_extra_queue_and_tail_wait_of_the_fsync_run_over_its_wall_time() -> None:
+    def run(block: float, tail: float) -> LogTime:
+        return LogTime(10, 10, 0.05, 0.01, block, tail, wall_seconds=2.0)
+
+    none = [run(0.0, 0.001)] * 6
+    fsync = [run(0.0, 0.021)] * 3 + [run(0.04, 0.021)] * 3  # +20 ms tail; half also +40 ms blocked
+    result = waited_cost(none, fsync)
+    assert sorted(result.ratios) == pytest.approx([0.97] * 3 + [0.99] * 3)
+    assert result.cost == pytest.approx(0.02) and result.cost_high == pytest.approx(0.03)
+
+
 def test_bench_throughput_paired_states_the_cost_of_fsync_with_its_interval(tiny_checkpoint) -> None:
     import json
     import subprocess
@@ -70,3 +81,4 @@ def test_bench_throughput_paired_states_the_cost_of_fsync_with_its_interval(tiny
     low, high = figures["cost_interval"]
     assert low <= figures["cost"] <= high
     assert "cost of fsync:" in ran.stdout and "interval" in ran.stdout
+    assert figures["waited_cost_interval"][0] <= figures["waited_cost"] <= figures["waited_cost_interval"][1]
