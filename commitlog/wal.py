@@ -152,7 +152,7 @@ class Wal:
             # Append, never overwrite: a rid used again after it finished keeps every earlier
             # incarnation findable (issue 10 C.14; FORMAT.md "Tables"). LSNs only grow, so it stays sorted.
             earlier = txn.get(rid, db=self.index)
-            txn.put(rid, packed if earlier is None else earlier + packed, db=self.index)
+            txn.put(rid, packed if earlier is None else bytes(earlier) + packed, db=self.index)
         for rid, lsn in group.live_puts:
             txn.put(rid, lsn, db=self.live)
         for rid in group.live_deletes:
