@@ -124,33 +124,42 @@ class Wal:
 
     def write_group(self, group: EncodedGroup) -> None:
         """One LMDB write txn for the whole group; grows the map and retries on MapFullError."""
+        self.write_groups([group])
+
+    def write_groups(self, groups: list[EncodedGroup]) -> None:
+        """Consecutive groups in ONE write txn (one fsync under `fsync`), each applied in order exactly
+        as alone; all or none of them are committed. Grows the map and retries on MapFullError."""
         while True:
             try:
-                self._write_once(group)
+                self._write_once(groups)
                 return
             except lmdb.MapFullError:
                 self._grow()
 
-    def _write_once(self, group: EncodedGroup) -> None:
+    def _write_once(self, groups: list[EncodedGroup]) -> None:
         with self.env.begin(write=True) as txn:
-            with txn.cursor(self.records) as cur:
-                # MDB_APPEND refuses an LSN at or below the last one without raising; a short count means
-                # another writer (or a bug) already used these LSNs, and the group must not be called durable.
-                _consumed, added = cur.putmulti(group.records, append=True)
-            if added != len(group.records):
-                raise DuplicateLsnError(_refused_message(txn, self.records, group))
-            for rid, packed in group.index:
-                # Append, never overwrite: a rid used again after it finished keeps every earlier
-                # incarnation findable (issue 10 C.14; FORMAT.md "Tables"). LSNs only grow, so it stays sorted.
-                earlier = txn.get(rid, db=self.index)
-                txn.put(rid, packed if earlier is None else earlier + packed, db=self.index)
-            for rid, lsn in group.live_puts:
-                txn.put(rid, lsn, db=self.live)
-            for rid in group.live_deletes:
-                txn.delete(rid, db=self.live)
-            for key, value in group.meta:
-                txn.put(key, value, db=self.meta)
-            self._delete_records(txn, group.deletes)
+            for group in groups:
+                self._apply(txn, group)
+
+    def _apply(self, txn: lmdb.Transaction, group: EncodedGroup) -> None:
+        with txn.cursor(self.records) as cur:
+            # MDB_APPEND refuses an LSN at or below the last one without raising; a short count means
+            # another writer (or a bug) already used these LSNs, and the group must not be called durable.
+            _consumed, added = cur.putmulti(group.records, append=True)
+        if added != len(group.records):
+            raise DuplicateLsnError(_refused_message(txn, self.records, group))
+        for rid, packed in group.index:
+            # Append, never overwrite: a rid used again after it finished keeps every earlier
+            # incarnation findable (issue 10 C.14; FORMAT.md "Tables"). LSNs only grow, so it stays sorted.
+            earlier = txn.get(rid, db=self.index)
+            txn.put(rid, packed if earlier is None else bytes(earlier) + packed, db=self.index)
+        for rid, lsn in group.live_puts:
+            txn.put(rid, lsn, db=self.live)
+        for rid in group.live_deletes:
+            txn.delete(rid, db=self.live)
+        for key, value in group.meta:
+            txn.put(key, value, db=self.meta)
+        self._delete_records(txn, group.deletes)
 
     def _delete_records(self, txn: lmdb.Transaction, deletes: list[tuple[bytes, bytes | None]]) -> None:
         """Retention's deletes; a rid's index entry loses exactly the deleted LSNs (a later incarnation
