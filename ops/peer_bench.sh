@@ -25,17 +25,23 @@ MODEL=${1:-$OUT_DIR/ckpt-tiny}
 PORT=31234
 . ops/bench_servers.sh  # wait_healthy, stop
 SWEEP=${SWEEP:-}
+# Every run of a client on one server draws other prompts (its own seed): both servers cache prefixes,
+# and a run that repeated an earlier run's prompts would be served from that cache.
+SEED=0
+next_seed() { SEED=$((SEED + 1)); }
 run_client() {  # $1: label [$2: concurrency, $3: prompts]
   local extra=() conc=${2:-$CONCURRENCY} n=${3:-$N}
+  next_seed
   [ -n "$conc" ] && extra+=(--max-concurrency "$conc")
   "$PEER_VENV/bin/python" ops/peer_vllm_bench_serve.py --backend openai --base-url "http://127.0.0.1:$PORT" \
     --endpoint /v1/completions --model "$MODEL" --tokenizer "$MODEL" --dataset-name random \
-    --random-input-len "$IN" --random-output-len "$OUT" --num-prompts "$n" --request-rate "$RATE" --ignore-eos \
+    --random-input-len "$IN" --random-output-len "$OUT" --num-prompts "$n" --request-rate "$RATE" --ignore-eos --seed "$SEED" \
     --percentile-metrics ttft,tpot,itl,e2el --metric-percentiles 50,90,99 --save-result \
     --result-dir "$OUT_DIR" --result-filename "$1.json" "${extra[@]}" > "$OUT_DIR/$1.client.log" 2>&1
 }
 our_client() {  # $1: label: the same load through `tokenledger bench serve`, to show the two clients agree
-  .venv/bin/tokenledger bench serve --base-url "http://127.0.0.1:$PORT" --model "$MODEL" --tokenizer "$MODEL" \
+  next_seed
+  .venv/bin/tokenledger bench serve --seed "$SEED" --base-url "http://127.0.0.1:$PORT" --model "$MODEL" --tokenizer "$MODEL" \
     --num-prompts "$N" --input-len "$IN" --output-len "$OUT" --range-ratio 0 --server-default-temperature --json \
     --no-progress > "$OUT_DIR/$1.bench_serve.json" 2> "$OUT_DIR/$1.bench_serve.log"
 }
@@ -52,6 +58,7 @@ wait_healthy; run_client tokenledger; our_client tokenledger; run_client tokenle
 VLLM_CPU_KVCACHE_SPACE=2 "$PEER_VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
   --dtype float32 --port $PORT > "$OUT_DIR/vllm.server.log" 2>&1 &
 VL=$!; trap 'stop $VL' EXIT
+SEED=0  # the same prompts, run for run, as tokenledger got
 wait_healthy; run_client vllm; our_client vllm; run_client vllm-again; sweep vllm; stop $VL
 
 .venv/bin/python -m ops.peer_table "$OUT_DIR/tokenledger.json" "$OUT_DIR/vllm.json"
