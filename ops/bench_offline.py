@@ -56,9 +56,10 @@ def make_workload(num: int, input_range: tuple[int, int], output_range: tuple[in
     return Workload(prompts, [rng.randint(*output_range) for _ in range(num)])
 
 
-def run_engine(model_dir: Path, work: Workload, durability: str, batch1_tokens: int) -> tuple[float, float | None]:
+def run_engine(model_dir: Path, work: Workload, durability: str, batch1_tokens: int,
+               warmup: Workload) -> tuple[float, float | None]:
     """Output tok/s on the workload, and batch-1 decode ms per token (None when not asked)."""
-    with warmed_engine(model_dir, work, durability) as (engine, params):
+    with warmed_engine(model_dir, work, durability, warmup) as (engine, params):
         started = time.perf_counter()
         outs = engine.generate(input_ids=work.prompts, sampling_params=params)
         elapsed = time.perf_counter() - started
@@ -75,20 +76,28 @@ def run_engine(model_dir: Path, work: Workload, durability: str, batch1_tokens: 
 
 
 @contextmanager
-def warmed_engine(model_dir: Path, work: Workload, durability: str) -> Iterator[tuple[Any, list[dict[str, Any]]]]:
-    """An `Engine` logging to a temporary directory, warmed up on the workload's first prompts, and the
-    workload's greedy sampling params; shut down on exit."""
+def warmed_engine(model_dir: Path, work: Workload, durability: str,
+                  warmup: Workload | None = None) -> Iterator[tuple[Any, list[dict[str, Any]]]]:
+    """An `Engine` logging to a temporary directory, warmed up on `warmup` (default: the workload's first
+    prompts), and the workload's greedy sampling params; shut down on exit."""
     from server import Engine
 
-    params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in work.output_lens]
+    params = _greedy(work)
     with tempfile.TemporaryDirectory(prefix="tokenledger-bench-") as log_dir:
         engine = Engine(model_path=str(model_dir), max_total_tokens=65536, max_running_requests=64,
                         log_dir=log_dir, log_durability=durability)
         try:
-            engine.generate(input_ids=work.prompts[:4], sampling_params=params[:4])  # warm-up
+            if warmup is None:
+                engine.generate(input_ids=work.prompts[:4], sampling_params=params[:4])
+            else:
+                engine.generate(input_ids=warmup.prompts, sampling_params=_greedy(warmup))
             yield engine, params
         finally:
             engine.shutdown()
+
+
+def _greedy(work: Workload) -> list[dict[str, Any]]:
+    return [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in work.output_lens]
 
 
 def batch1_prompt(work: Workload) -> list[int]:
@@ -116,7 +125,8 @@ def decode_ms_per_token(generate: Callable[[int], None], new_tokens: int) -> flo
     return (best(new_tokens) - best(1)) / (new_tokens - 1) * 1e3
 
 
-def run_hf(model_dir: Path, work: Workload, batch_size: int, batch1_tokens: int) -> tuple[float, float | None]:
+def run_hf(model_dir: Path, work: Workload, batch_size: int, batch1_tokens: int,
+           warmup: Workload) -> tuple[float, float | None]:
     """HF `generate`, greedy, static batches in arrival order: the batch runs to its longest
     requested output; only the requested tokens count. Also its batch-1 decode ms per token."""
     import torch
@@ -133,21 +143,24 @@ def run_hf(model_dir: Path, work: Workload, batch_size: int, batch1_tokens: int)
             model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
                            do_sample=False, pad_token_id=pad)
 
-    batch(work.prompts[:2], 4)  # warm-up
+    def all_of(w: Workload) -> None:
+        for i in range(0, len(w.prompts), batch_size):
+            batch(w.prompts[i:i + batch_size], max(w.output_lens[i:i + batch_size]))
+
+    all_of(warmup)
     started = time.perf_counter()
-    for i in range(0, len(work.prompts), batch_size):
-        batch(work.prompts[i:i + batch_size], max(work.output_lens[i:i + batch_size]))
+    all_of(work)
     rate = work.output_tokens / (time.perf_counter() - started)
     prompt = batch1_prompt(work)
     batch1 = decode_ms_per_token(lambda new: batch([prompt], new), batch1_tokens)
     return rate, batch1
 
 
-def run_peer(python: str, model_dir: Path, work: Workload) -> float:
+def run_peer(python: str, model_dir: Path, work: Workload, warmup: Workload) -> float:
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
     with tempfile.TemporaryDirectory(prefix="tokenledger-peer-") as tmp:
         workload, result = Path(tmp) / "workload.json", Path(tmp) / "result.json"
-        workload.write_text(json.dumps(asdict(work)))
+        workload.write_text(json.dumps({**asdict(work), "warmup": asdict(warmup)}))
         done = subprocess.run([python, str(PEER_SCRIPT), "--model", str(model_dir), "--workload", str(workload),
                                "--result", str(result)], capture_output=True, text=True, env=env, timeout=3600)
         if done.returncode != 0 or not result.exists():
@@ -164,6 +177,10 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     work = make_workload(args.num_prompts, tuple(args.input_range), tuple(args.output_range), tokenizer.vocab_size,
                          set(tokenizer.all_special_ids), args.seed)
+    # Every engine first runs a workload of the same shape with other prompts, untimed: the timed run is
+    # at steady state (memory touched, kernels built and cached), and no prompt of it is in a prefix cache.
+    warmup = make_workload(args.num_prompts, tuple(args.input_range), tuple(args.output_range), tokenizer.vocab_size,
+                           set(tokenizer.all_special_ids), args.seed + 1)
     figures: dict[str, float] = {}
     batch1: dict[str, float] = {}
 
@@ -172,11 +189,11 @@ def run(args: argparse.Namespace) -> int:
         if measured[1] is not None:
             batch1[name] = measured[1]
 
-    keep("tokenledger", run_engine(model_dir, work, args.log_durability, args.batch1_tokens))
+    keep("tokenledger", run_engine(model_dir, work, args.log_durability, args.batch1_tokens, warmup))
     if not args.skip_hf:
-        keep("hf_static", run_hf(model_dir, work, args.hf_batch_size, args.batch1_tokens))
+        keep("hf_static", run_hf(model_dir, work, args.hf_batch_size, args.batch1_tokens, warmup))
     if args.peer_python:
-        figures["vllm"] = run_peer(args.peer_python, model_dir, work)
+        figures["vllm"] = run_peer(args.peer_python, model_dir, work, warmup)
     print(f"workload: {args.num_prompts} prompts, input {args.input_range[0]}-{args.input_range[1]}, output "
           f"{args.output_range[0]}-{args.output_range[1]} ({work.output_tokens} output tokens), greedy, ignore_eos")
     print(f"{'engine':14} {'output tok/s':>12} {'tokenledger / it':>17}")

@@ -13,7 +13,8 @@ import time
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", required=True)
-    p.add_argument("--workload", required=True, help="JSON: {prompts: [[ids]], output_lens: [n]}")
+    p.add_argument("--workload", required=True,
+                   help="JSON: {prompts: [[ids]], output_lens: [n], warmup: {prompts, output_lens}}")
     p.add_argument("--result", required=True, help="where to write the JSON result (vLLM logs to stdout)")
     args = p.parse_args()
     with open(args.workload) as f:
@@ -22,9 +23,12 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=args.model, dtype="float32", seed=0)
-    prompts = [{"prompt_token_ids": ids} for ids in work["prompts"]]
-    params = [SamplingParams(max_tokens=n, min_tokens=n, temperature=0.0, ignore_eos=True) for n in work["output_lens"]]
-    llm.generate(prompts[:4], params[:4], use_tqdm=False)  # warm-up (and compile)
+    def requests(w: dict) -> tuple[list[dict], list[SamplingParams]]:
+        return ([{"prompt_token_ids": ids} for ids in w["prompts"]],
+                [SamplingParams(max_tokens=n, min_tokens=n, temperature=0.0, ignore_eos=True) for n in w["output_lens"]])
+
+    llm.generate(*requests(work["warmup"]), use_tqdm=False)  # untimed: the same shape, other prompts
+    prompts, params = requests(work)
     started = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - started
