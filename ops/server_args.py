@@ -25,7 +25,8 @@ HELP = {
                           "(one mixed batch) instead of waiting for the prefill to finish",
     "disable_radix_cache": "turn off the prefix cache (a radix tree of finished requests' committed KV that "
                            "later prompts with the same prefix reuse instead of recomputing)",
-    "linear_backend": "matmuls of the linear layers: auto (onednn where it runs), onednn (weights packed once at "
+    "linear_backend": "matmuls of the linear layers: auto (onednn where it runs for a model of hidden size 512 or "
+                      "more, else torch), onednn (weights packed once at "
                       "load, fp32 on CPU), torch (nn.Linear)",
     "torch_compile": "compile the model's trunk with inductor (torch.compile): auto (on for fp32 on CPU with the "
                      "cpu attention kernel, unless TOKENLEDGER_TORCH_COMPILE=off), on, off (eager); compiling "

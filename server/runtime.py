@@ -112,7 +112,7 @@ def _load_on(device: torch.device, model_dir: Path, dtype: torch.dtype, linear_b
     has no place: `auto` means plain nn.Linear there and `onednn` is refused."""
     model = load_model(model_dir, dtype)
     if device.type == "cpu":
-        apply_linear_backend(model, linear_backend, dtype)
+        apply_linear_backend(model, linear_backend, dtype, model.config.hidden_size)
         return model
     if linear_backend == "onednn":
         raise ConfigError("--linear-backend onednn packs weights for CPU matmuls; on --device cuda use auto or torch")

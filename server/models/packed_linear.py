@@ -14,6 +14,11 @@ from torch import nn
 from server.errors import ConfigError
 
 _PACKING_BATCH_HINT = 64  # the M oneDNN tunes the packed layout for; any M runs on it
+# `auto` packs a model whose hidden size is at least this. oneDNN's call costs ~20 us more than MKL's,
+# which a small model's matmuls do not pay back: compiled, measured in pairs, a hidden-128 Llama ran
+# 1.22x faster on nn.Linear and a hidden-1024 one 1.46x faster packed (docs/benchmarks.md). Sizes in
+# between were not measured; 512 is where a [64 x 512] x [512 x 512] product (~40 us) starts to dwarf it.
+ONEDNN_MIN_HIDDEN = 512
 
 
 def onednn_available(dtype: torch.dtype) -> bool:
@@ -57,13 +62,14 @@ def _packed_linear_shape(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tens
     return x.new_empty(x.shape[0], out_features)
 
 
-def apply_linear_backend(model: nn.Module, backend: str, dtype: torch.dtype) -> str:
+def apply_linear_backend(model: nn.Module, backend: str, dtype: torch.dtype, hidden_size: int) -> str:
     """Swaps every `nn.Linear` for a `PackedLinear` when `backend` (auto | onednn | torch, checked by
-    ServerArgs) says so; returns the one in use."""
+    ServerArgs) says so — `auto`: where oneDNN runs and the model is large enough to gain from it
+    (ONEDNN_MIN_HIDDEN); returns the one in use."""
     available = onednn_available(dtype)
     if backend == "onednn" and not available:
         raise ConfigError("--linear-backend onednn needs float32 weights and torch built with oneDNN (mkldnn)")
-    if backend == "torch" or not available:
+    if backend == "torch" or not available or (backend == "auto" and hidden_size < ONEDNN_MIN_HIDDEN):
         return "torch"
     _pack(model)
     return "onednn"
