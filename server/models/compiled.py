@@ -52,6 +52,8 @@ def wants_compile(mode: str, device: torch.device, dtype: torch.dtype, attention
 
 def compile_trunk(model: CausalLM) -> None:
     """Replaces the model's `trunk` by its inductor-compiled self (the first call of each shape class compiles)."""
+    import torch._dynamo.config
+    import torch.fx.experimental._config
     # Without this, sizes that happen to be equal when a graph is traced (a batch's KV length and the
     # model's head count, say) are guarded as equal, and the next batch recompiles for seconds.
     torch.fx.experimental._config.use_duck_shape = False
