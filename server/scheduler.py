@@ -116,15 +116,13 @@ class Scheduler:
             # log writer's cores, and the finish waited 30-70 ms behind them. (Not under `periodic`,
             # where durable means the next timed sync.)
             self.num_abort_syncs += 1
-            while self.inflight:
-                self.process_oldest()
+            self._process_all_pending()
             lsn = self.flush()
             if lsn is not None and self.ledger.writer.durability is not Durability.PERIODIC:
                 self.ledger.writer.wait_durable(lsn)
         elif self.inflight and self._grammar_waits_on_pending():
             self.num_grammar_syncs += 1
-            while self.inflight:
-                self.process_oldest()
+            self._process_all_pending()
         launched = self.launch_next()
         keep = 1 if (self.policy.overlap and launched) else 0
         while len(self.inflight) > keep:
@@ -316,6 +314,11 @@ class Scheduler:
         futures = [r.grammar_future for r in self.compiling if r.grammar_future is not None]
         if futures and not self.waiting:
             wait(futures, timeout=0.05, return_when=FIRST_COMPLETED)
+
+    def _process_all_pending(self) -> None:
+        """Processes every launched forward's result now: the next one runs without overlap."""
+        while self.inflight:
+            self.process_oldest()
 
     def _abort_waits_on_pending(self) -> bool:
         return any(r.is_doomed and r.inflight_batches for r in self.reqs.values())

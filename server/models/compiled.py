@@ -26,7 +26,7 @@ COMPILE_MODES = ("auto", "on", "off")
 # What `auto` means where it is not given on the command line: the test suite sets it to off, because
 # compiling costs seconds per engine and the suite builds hundreds (the compiled path has its own tests).
 AUTO_ENV = "TOKENLEDGER_TORCH_COMPILE"
-EAGER, INDUCTOR = "eager", "inductor"
+INDUCTOR = "inductor"  # CausalLM.compiled once compiled (it starts as "eager")
 # The warm-up forwards, as (new tokens, KV length) per request: one token over a longer KV (batch-1
 # decode), and several requests with several tokens each (every other batch).
 # Lengths unlike any model dimension, so no guard equates them.

@@ -37,16 +37,25 @@ class _HeldWrites:
 
         monkeypatch.setattr(wal, "write_groups", write_groups)
 
+    def submit_behind(self, writer: WalWriter, groups: list, callbacks: list | None = None) -> None:
+        """Submits the first group, waits until the writer is held inside its write, then queues the rest."""
+        callbacks = callbacks or [None] * len(groups)
+        writer.submit(groups[0], callbacks[0])
+        assert self.entered.wait(10)
+        for group, callback in zip(groups[1:], callbacks[1:]):
+            writer.submit(group, callback)
 
-def test_groups_queued_behind_a_busy_fsync_share_one_write_txn(log_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+
+def _held_writer(log_dir: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Wal, _HeldWrites, WalWriter]:
+    """An fsync log whose writer's first write txn is held until `release` is set."""
     wal = Wal.open(log_dir, FSYNC)
     held = _HeldWrites(wal, monkeypatch)
-    writer = WalWriter(wal, FSYNC)
-    groups = _groups(6)
-    writer.submit(groups[0])
-    assert held.entered.wait(10)
-    for group in groups[1:]:
-        writer.submit(group)
+    return wal, held, WalWriter(wal, FSYNC)
+
+
+def test_groups_queued_behind_a_busy_fsync_share_one_write_txn(log_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    wal, held, writer = _held_writer(log_dir, monkeypatch)
+    held.submit_behind(writer, _groups(6))
     held.release.set()
     writer.close()
     # One txn (one fsync) for the first, one for the five that waited: not six.
@@ -57,9 +66,7 @@ def test_groups_queued_behind_a_busy_fsync_share_one_write_txn(log_dir: Path, mo
 
 def test_i5_each_batched_group_is_called_back_with_its_own_lsn_only_once_durable(
         log_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    wal = Wal.open(log_dir, FSYNC)
-    held = _HeldWrites(wal, monkeypatch)
-    writer = WalWriter(wal, FSYNC)
+    wal, held, writer = _held_writer(log_dir, monkeypatch)
     seen: list[tuple[int, int, int]] = []
 
     def on_durable(lsn: int, error: BaseException | None) -> None:
@@ -67,10 +74,7 @@ def test_i5_each_batched_group_is_called_back_with_its_own_lsn_only_once_durable
         seen.append((lsn, writer.durable_lsn, LogReader(wal).last_lsn()))  # on the writer thread
 
     groups = _groups(4)
-    writer.submit(groups[0], on_durable)
-    assert held.entered.wait(10)
-    for group in groups[1:]:
-        writer.submit(group, on_durable)
+    held.submit_behind(writer, groups, [on_durable] * len(groups))
     assert seen == []
     held.release.set()
     writer.close()
@@ -82,15 +86,10 @@ def test_i5_each_batched_group_is_called_back_with_its_own_lsn_only_once_durable
 
 def test_a_failed_batched_txn_fails_every_group_in_it_and_commits_none(
         log_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    wal = Wal.open(log_dir, FSYNC)
-    held = _HeldWrites(wal, monkeypatch)
-    writer = WalWriter(wal, FSYNC)
+    wal, held, writer = _held_writer(log_dir, monkeypatch)
     errors: dict[int, BaseException | None] = {}
     groups = _groups(4)
-    writer.submit(groups[0], lambda lsn, err: errors.__setitem__(0, err))
-    assert held.entered.wait(10)
-    for g, group in enumerate(groups[1:], start=1):
-        writer.submit(group, lambda lsn, err, g=g: errors.__setitem__(g, err))
+    held.submit_behind(writer, groups, [lambda lsn, err, g=g: errors.__setitem__(g, err) for g in range(len(groups))])
 
     real = wal._write_once
 
@@ -112,13 +111,9 @@ def test_a_failed_batched_txn_fails_every_group_in_it_and_commits_none(
 
 def test_a_job_queued_between_groups_runs_after_the_earlier_ones_and_before_the_later(
         log_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    wal = Wal.open(log_dir, FSYNC)
-    held = _HeldWrites(wal, monkeypatch)
-    writer = WalWriter(wal, FSYNC)
+    wal, held, writer = _held_writer(log_dir, monkeypatch)
     groups = _groups(4)
-    writer.submit(groups[0])
-    assert held.entered.wait(10)
-    writer.submit(groups[1])
+    held.submit_behind(writer, groups[:2])
     seen_by_job = writer.call(lambda w: LogReader(w).last_lsn())
     writer.submit(groups[2])
     writer.submit(groups[3])

@@ -49,6 +49,15 @@ def _compare(ours: dict, hf_ids: list[int], hf_logprobs: list[torch.Tensor], top
     return len(got)
 
 
+def _greedy_matched(engine, prompts: list[list[int]], reference) -> int:
+    """Runs the prompts greedily with top-5 logprobs and compares each with HF's; the tokens compared."""
+    outs = engine.generate(
+        input_ids=prompts, sampling_params={"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True},
+        return_logprob=True, top_logprobs_num=5,
+    )
+    return sum(_compare(ours, hf_ids, hf_lps, top_k=5) for ours, (hf_ids, hf_lps) in zip(outs, reference))
+
+
 def _has_tie(values: torch.Tensor) -> bool:
     return bool((values[:-1] - values[1:]).abs().min() < TIE_TOL)
 
@@ -63,12 +72,7 @@ def test_i8_greedy_batch_matches_hf_generate_with_any_chunking_overlap_and_linea
     for chunk, no_overlap, linear in ((-1, False, "onednn"), (64, False, "torch"), (29, True, "onednn"), (64, True, "auto")):
         engine = make_engine(model_dir, chunked_prefill_size=chunk, disable_overlap_schedule=no_overlap,
                              linear_backend=linear)
-        outs = engine.generate(
-            input_ids=prompts, sampling_params={"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True},
-            return_logprob=True, top_logprobs_num=5,
-        )
-        for ours, (hf_ids, hf_lps) in zip(outs, reference):
-            matched += _compare(ours, hf_ids, hf_lps, top_k=5)
+        matched += _greedy_matched(engine, prompts, reference)
     # Ties are rare by construction (peaked random weights): nearly everything must be compared.
     assert matched >= 0.9 * 4 * len(prompts) * MAX_NEW
 
@@ -85,12 +89,7 @@ def test_i8_compiled_trunk_greedy_matches_hf_with_chunking_overlap_mixed_and_lin
         engine = make_engine(model_dir, chunked_prefill_size=chunk, disable_overlap_schedule=no_overlap,
                              enable_mixed_chunk=mixed, linear_backend=linear, torch_compile="on")
         assert engine.scheduler.runner.model.compiled == "inductor"
-        outs = engine.generate(
-            input_ids=prompts, sampling_params={"max_new_tokens": MAX_NEW, "temperature": 0, "ignore_eos": True},
-            return_logprob=True, top_logprobs_num=5,
-        )
-        for ours, (hf_ids, hf_lps) in zip(outs, reference):
-            matched += _compare(ours, hf_ids, hf_lps, top_k=5)
+        matched += _greedy_matched(engine, prompts, reference)
     assert matched >= 0.9 * 3 * len(prompts) * MAX_NEW
 
 
