@@ -127,7 +127,7 @@ class ModelRunner:
         if any(batch.reqs[i].adjusts_logits for i in sampling):  # the zero-cost path: one flag per row
             adjust = partial(adjust_logits, rows=self._adjust_rows(batch, sampling, sample_rows, logits),
                              eos_ids=self.eos_ids)
-        sampled = sample(logits, params, [batch.reqs[i].generator for i in sampling], batch.top_logprobs_max,
+        sampled = sample(logits, params, [batch.reqs[i].rng for i in sampling], batch.top_logprobs_max,
                          adjust)
         hidden_rows = [j for j, i in enumerate(sampling) if batch.reqs[i].logprob.return_hidden_states]
         return PendingResult(

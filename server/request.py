@@ -2,6 +2,7 @@
 the scheduling bookkeeping that runs ahead of it while results are pending."""
 from __future__ import annotations
 
+import random
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -12,9 +13,7 @@ from server.grammar.matcher import RequestGrammar
 from server.grammar.reasoning import ReasoningParser
 from server.sampling.params import SamplingParams
 
-if TYPE_CHECKING:  # the front never needs torch; only the scheduler builds Reqs
-    import torch
-
+if TYPE_CHECKING:
     from server.radix_cache import TreeNode
     from server.sampling.penalties import TokenCounts
 
@@ -43,7 +42,7 @@ class Req:
     prompt_ids: list[int]
     params: SamplingParams
     logprob: LogprobRequest
-    generator: torch.Generator
+    rng: random.Random  # the request's own sampling stream (server.sampling.sampler)
     arrival_time: float = field(default_factory=time.monotonic)
     # The committed state; set when the scheduler logs BEGIN. Only transactions mutate it.
     state: RequestState = field(init=False)
@@ -78,11 +77,8 @@ class Req:
 
     @classmethod
     def from_spec(cls, spec: RequestSpec) -> Req:
-        import torch
-
         assert spec.params.seed is not None, "the front assigns every request a seed"
-        generator = torch.Generator().manual_seed(spec.params.seed)
-        return cls(spec.rid, spec.prompt_ids, spec.params, spec.logprob, generator)
+        return cls(spec.rid, spec.prompt_ids, spec.params, spec.logprob, random.Random(spec.params.seed))
 
     @property
     def prompt_len(self) -> int:

@@ -1,9 +1,9 @@
 """Random draws on a CUDA device with FlashInfer's sampling kernels (the `cuda` extra), behind
 `server.sampling.sampler.sample`. Greedy rows, logprobs and top-logprobs never come here.
 
-Same seeded semantics per request as on the CPU: a request's draw depends on its own generator and
-on nothing else in its batch. Each step takes one 63-bit seed from the request's own (host)
-`torch.Generator`, seeds a device generator with it, and draws that row alone, so a seeded request
+Same seeded semantics per request as on the CPU: a request's draw depends on its own stream and
+on nothing else in its batch. Each step takes one 62-bit seed from the request's own (host)
+`random.Random`, seeds a device generator with it, and draws that row alone, so a seeded request
 repeats its tokens whatever it is batched with. The draws are not the CPU path's draws (another
 random stream), and one kernel chain per random row is the price of that independence (a per-row
 seed tensor for one batched call is a later step, once it has been checked on a device).
@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import random
 from typing import Any
 
 import torch
 
 from server.sampling.params import SamplingParams
 
-_SEED_BOUND = 1 << 62
+_SEED_BITS = 62
 
 
 def device_sampling_available(logits: torch.Tensor) -> bool:
@@ -33,13 +34,13 @@ def _flashinfer_installed() -> bool:
     return importlib.util.find_spec("flashinfer") is not None
 
 
-def draw_rows(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> torch.Tensor:
-    """One token per row of `logits` ([n, vocab] fp32 on CUDA), each from its own request's generator."""
+def draw_rows(logits: torch.Tensor, params: list[SamplingParams], streams: list[random.Random]) -> torch.Tensor:
+    """One token per row of `logits` ([n, vocab] fp32 on CUDA), each from its own request's stream."""
     import flashinfer.sampling as fs
 
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
-    for row, (p, generator) in enumerate(zip(params, generators)):
-        seed = int(torch.randint(_SEED_BOUND, (1,), generator=generator))  # host generator: no device sync
+    for row, (p, stream) in enumerate(zip(params, streams)):
+        seed = stream.getrandbits(_SEED_BITS)  # host stream: no device sync
         device_generator = torch.Generator(device=logits.device).manual_seed(seed)
         probs = _filtered(fs, logits[row : row + 1], p)
         out[row] = _draw(fs, probs, p, device_generator)[0]

@@ -1,16 +1,20 @@
 """Batched sampling from fp32 logits: greedy, temperature, top-k, top-p, min-p, seeds.
 
-Each request owns a `torch.Generator`, so a seeded request draws the same noise whatever
-else is in its batch. Sampling uses the exponential race (argmax of p / E with E ~ Exp(1)),
-which is an exact draw from p and needs one noise vector per row.
+Each request owns a random stream (`random.Random`, seeded with the request's seed), so a seeded
+request draws the same whatever else is in its batch. A random row is drawn by inverting its CDF:
+one uniform from the row's own stream, scaled by the row's total mass, located in the float64
+cumulative sum of its filtered distribution. That is an exact draw from p and costs one number
+per row; the exponential race it replaced drew a vocabulary-sized noise vector per row, one
+generator call each (1.26 ms against 0.33 ms for 64 rows of 1,024 here).
 
 On CUDA, FlashInfer's sampling kernels draw the random rows where flashinfer is installed
 (`server.sampling.device_sampler`: per-request seeds, other draws than the CPU's); without it the
-same race runs on the device's logits with the noise drawn on the host from each request's own
-generator and copied over, so a seeded request then draws what it draws on the CPU.
+same inversion runs on the device's probabilities with the uniforms from the host streams, so a
+seeded request then draws what it draws on the CPU.
 """
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,7 +33,7 @@ class SampleOutput:
 
 
 def sample(
-    logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator], top_k_max: int,
+    logits: torch.Tensor, params: list[SamplingParams], streams: list[random.Random], top_k_max: int,
     adjust: Callable[[torch.Tensor], None] | None = None,
 ) -> SampleOutput:
     """`adjust`: applies penalties, logit_bias and min-tokens masks to `logits` in place
@@ -38,40 +42,34 @@ def sample(
     logprobs_all = torch.log_softmax(logits, dim=-1)
     if adjust is not None:
         adjust(logits)  # the caller's own tensor: the token is drawn from the adjusted logits
-    choose_from = logits
-    token_ids = choose_from.argmax(dim=-1)
+    # CUDA with FlashInfer: its kernels (server.sampling.device_sampler); elsewhere the inversion.
+    draw = draw_rows if device_sampling_available(logits) else _inverse_cdf
     random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
-    if random_rows:
-        rows = torch.tensor(random_rows, device=logits.device)
-        row_params, row_generators = [params[i] for i in random_rows], [generators[i] for i in random_rows]
-        if device_sampling_available(logits):  # CUDA with FlashInfer: server.sampling.device_sampler
-            token_ids[rows] = draw_rows(choose_from[rows], row_params, row_generators)
-        else:
-            token_ids[rows] = _race(choose_from[rows], row_params, row_generators)
+    if len(random_rows) == len(params):  # every row random (the common online case): no greedy pass
+        token_ids = draw(logits, params, streams)
+    else:
+        token_ids = logits.argmax(dim=-1)
+        if random_rows:
+            rows = torch.tensor(random_rows, device=logits.device)
+            row_params, row_streams = [params[i] for i in random_rows], [streams[i] for i in random_rows]
+            token_ids[rows] = draw(logits[rows], row_params, row_streams)
     chosen = logprobs_all.gather(1, token_ids[:, None])[:, 0]
     top_vals, top_ids = logprobs_all.topk(top_k_max, dim=-1) if top_k_max else (logprobs_all[:, :0], token_ids[:, None][:, :0])
     return SampleOutput(token_ids, chosen, top_ids, top_vals)
 
 
-def _race(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]) -> torch.Tensor:
-    """The exponential race over each row's filtered distribution. Off the CPU (CUDA without FlashInfer)
-    the noise is still drawn on the host, from each request's own generator, and copied over."""
+def _inverse_cdf(logits: torch.Tensor, params: list[SamplingParams], streams: list[random.Random]) -> torch.Tensor:
+    """One draw per row from its filtered distribution, by its own stream's next uniform."""
     probs = _filtered_probs(logits, params)
-    noise = _exponential_noise(logits.shape[1], generators)
-    if logits.device.type != "cpu":
-        noise = noise.to(logits.device, non_blocking=True)
-    return (probs / noise).argmax(dim=-1)
-
-
-def _exponential_noise(vocab: int, generators: list[torch.Generator]) -> torch.Tensor:
-    """One Exp(1) row per generator. Each row's uniforms come from its own generator (in place, so
-    a seeded request draws the same whatever its batch), then one batched inversion: `exponential_`
-    per row cost ~26 us for a 1,024-token vocabulary, four times `rand` plus a shared log."""
-    uniform = torch.empty(len(generators), vocab)
-    for row, generator in enumerate(generators):
-        torch.rand(vocab, generator=generator, out=uniform[row])
-    # 1 - U lies in (0, 1]; the floor keeps E > 0, so a filtered-out token's 0 / E stays 0 (never NaN).
-    return (-torch.log1p(-uniform)).clamp_min_(torch.finfo(uniform.dtype).tiny)
+    # float64: a low-probability token's bucket keeps its width after a 1e5-term sum.
+    cdf = probs.to(torch.float64).cumsum_(dim=-1)
+    uniform = torch.tensor([stream.random() for stream in streams], dtype=torch.float64).to(logits.device)
+    target = (uniform * cdf[:, -1])[:, None]
+    token_ids = torch.searchsorted(cdf, target, right=True)[:, 0]
+    # u < 1, but u * total can round up to the total itself (no bucket then): the row's last token
+    # with mass is where its CDF first reaches the total, and no valid draw lies past it.
+    last_with_mass = torch.searchsorted(cdf, cdf[:, -1:], right=False)[:, 0]
+    return torch.minimum(token_ids, last_with_mass)
 
 
 def _filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

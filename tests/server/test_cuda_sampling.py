@@ -1,15 +1,16 @@
 """Sampling on a CUDA device: FlashInfer's kernels (where installed) keep the per-request seeded
-semantics and the filters; without FlashInfer the host-noise race draws what the CPU draws. Marked
+semantics and the filters; without FlashInfer the inversion by host uniforms draws what the CPU draws. Marked
 `gpu`: skipped with the reason without CUDA; ops/gpu_check.sh runs them."""
 from __future__ import annotations
 
 import importlib.util
+import random
 
 import pytest
 import torch
 
 from server.sampling.params import SamplingParams
-from server.sampling.sampler import _race
+from server.sampling.sampler import _inverse_cdf
 
 pytestmark = pytest.mark.gpu
 
@@ -45,7 +46,7 @@ def test_top_k_one_on_cuda_is_greedy(tiny_checkpoint, make_engine):
 
 def _draws(draw, params: SamplingParams, n: int = 3000) -> torch.Tensor:
     logits = torch.log(PROBS).repeat(n, 1).cuda()
-    return draw(logits, [params] * n, [torch.Generator().manual_seed(i) for i in range(n)]).cpu()
+    return draw(logits, [params] * n, [random.Random(i) for i in range(n)]).cpu()
 
 
 def test_flashinfer_draws_follow_the_distribution_and_the_filters():
@@ -57,9 +58,9 @@ def test_flashinfer_draws_follow_the_distribution_and_the_filters():
     assert 3 not in set(_draws(sampler.draw_rows, SamplingParams(min_p=0.25), 400).tolist())
 
 
-def test_host_noise_race_on_cuda_draws_what_the_cpu_draws():
+def test_host_uniforms_on_cuda_draw_what_the_cpu_draws():
     logits = torch.randn(6, 300, generator=torch.Generator().manual_seed(4))
     params = [SamplingParams(temperature=0.8), SamplingParams(top_k=7), SamplingParams(top_p=0.9)] * 2
-    cpu = _race(logits, params, [torch.Generator().manual_seed(i) for i in range(6)])
-    cuda = _race(logits.cuda(), params, [torch.Generator().manual_seed(i) for i in range(6)]).cpu()
+    cpu = _inverse_cdf(logits, params, [random.Random(i) for i in range(6)])
+    cuda = _inverse_cdf(logits.cuda(), params, [random.Random(i) for i in range(6)]).cpu()
     assert torch.equal(cpu, cuda)

@@ -1,6 +1,8 @@
 """Sampling: seeded draws reproducible and independent of batch company; filters exact."""
 from __future__ import annotations
 
+import random
+
 import torch
 
 from server.sampling.params import SamplingParams
@@ -47,8 +49,8 @@ def test_sampling_draws_follow_the_distribution():
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     n = 4000
     logits = torch.log(probs).repeat(n, 1)
-    gens = [torch.Generator().manual_seed(i) for i in range(n)]
-    out = sample(logits, [SamplingParams()] * n, gens, top_k_max=0)
+    streams = [random.Random(i) for i in range(n)]
+    out = sample(logits, [SamplingParams()] * n, streams, top_k_max=0)
     freq = torch.bincount(out.token_ids, minlength=4).float() / n
     assert torch.allclose(freq, probs, atol=0.03)
     assert torch.allclose(out.logprobs, torch.log(probs)[out.token_ids], atol=1e-6)
@@ -64,3 +66,28 @@ def test_an_unfiltered_rows_distribution_is_bitwise_the_same_beside_a_filtered_r
     assert torch.equal(alone[0], beside[0])
     assert torch.equal(beside[1], _filtered_probs(logits[1:2], [SamplingParams(top_p=0.9)])[0])
     assert int((beside[2] > 0).sum()) == 5 and torch.allclose(alone.sum(), torch.tensor(1.0))
+
+
+class _FixedStream(random.Random):
+    """A stream whose every uniform is `u`: the inversion's edges, on demand."""
+
+    def __init__(self, u: float) -> None:
+        super().__init__(0)
+        self.u = u
+
+    def random(self) -> float:
+        return self.u
+
+
+def test_inversion_at_the_uniforms_edges_draws_only_tokens_with_mass():
+    # Top-k 2 leaves mass on tokens 0 and 1 only. Should u * total round up to the total (u = 1 here,
+    # the limit of the product's rounding), no bucket holds it: the draw must be the row's last token
+    # with mass, never a filtered one and never an index past the vocabulary.
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 2))
+    params = [SamplingParams(top_k=2), SamplingParams()]
+    top = sample(logits, params, [_FixedStream(1.0)] * 2, top_k_max=0).token_ids.tolist()
+    assert top == [1, 3]
+    bottom = sample(logits, params, [_FixedStream(0.0)] * 2, top_k_max=0).token_ids.tolist()
+    assert bottom == [0, 0]
+    # u = 0.7 of the top-2 mass falls in token 1's bucket [0.625, 1).
+    assert sample(logits[:1], params[:1], [_FixedStream(0.7)], top_k_max=0).token_ids.tolist() == [1]
