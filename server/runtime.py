@@ -25,6 +25,7 @@ from server.models.packed_linear import apply_linear_backend
 from server.radix_cache import RadixCache
 from server.request_builder import Limits
 from server.result_processing import FinishRules
+from server.sampling.sampler import sampler_name
 from server.schedule_policy import SchedulePolicy
 from server.scheduler import DeltaSink, Scheduler
 from server.tokenizer import Tokenizer
@@ -56,7 +57,7 @@ def model_fingerprint(model_dir: Path) -> str:
 
 
 def engine_settings(args: ServerArgs, model_dir: Path, policy: SchedulePolicy, kv_tokens: int,
-                    compiled: str) -> dict[str, object]:
+                    compiled: str, sampler: str) -> dict[str, object]:
     """What SERVER_START records of the engine (commitlog.schedule.ENGINE_KEYS): every setting that
     changes a forward's numerics or the KV layout, so `replay --reexecute` can rebuild this engine."""
     return {
@@ -66,7 +67,7 @@ def engine_settings(args: ServerArgs, model_dir: Path, policy: SchedulePolicy, k
         "chunked_prefill_size": policy.chunked_prefill_size, "max_prefill_tokens": policy.max_prefill_tokens,
         "kv_tokens": kv_tokens, "max_running_requests": policy.max_running_requests,
         "context_len": policy.context_len, "reasoning_parser": args.reasoning_parser, "compiled": compiled,
-        "radix_cache": not args.disable_radix_cache,
+        "radix_cache": not args.disable_radix_cache, "sampler": sampler,
         "software": f"torch {torch.__version__} {platform.machine()} {torch.backends.cpu.get_cpu_capability()}",
     }
 
@@ -99,7 +100,7 @@ def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink, beside_front
     tokenizer_dir = str(Path(args.tokenizer_path or model_dir).resolve())
     ledger = Ledger.open(log_dir, WalConfig(durability=Durability(args.log_durability)), model_fingerprint(model_dir),
                          tokenizer_dir, engine_settings(args, model_dir, policy, kv_pool.capacity,
-                                                                          model.compiled))
+                                                                          model.compiled, sampler_name(device)))
     rules = FinishRules(frozenset(eos), context_len, tokenizer.decode)
     cache = None if args.disable_radix_cache else RadixCache(kv_pool)
     scheduler = Scheduler(policy, runner, req_pool, kv_pool, ledger, rules, sink, grammars, reasoning, cache)

@@ -21,6 +21,7 @@ from ops.reexec.requests import NotReexecutableError, request_from_log
 from ops.reexec.runtime import build_scripted, check_model, server_args
 from ops.reexec.scripted import ScheduleMismatchError, Script, ScriptedScheduler
 from server.request import Req
+from server.sampling.sampler import LEGACY_SAMPLER
 
 Tick = Callable[[], None]
 
@@ -60,13 +61,14 @@ def _prepare(instance: Instance, options: Options) -> dict[int, Req]:
     """The Reqs to run, by BEGIN LSN; a request that cannot be rebuilt is excluded (and, in the logged
     batches, whoever shares a forward with it)."""
     reqs: dict[int, Req] = {}
+    logged_sampler = (instance.engine or {}).get("sampler", LEGACY_SAMPLER)
     for logged in instance.requests:
         if options.isolated and options.rids is not None and logged.rid not in options.rids:
             logged.excluded = logged.excluded or "not selected"
         if logged.excluded:
             continue
         try:
-            reqs[logged.begin_lsn] = request_from_log(logged)
+            reqs[logged.begin_lsn] = request_from_log(logged, logged_sampler)
         except NotReexecutableError as exc:
             logged.excluded = str(exc)
     if not options.isolated:

@@ -9,6 +9,7 @@ from server.errors import TokenLedgerError
 from server.grammar.spec import GrammarKind
 from server.request import LogprobRequest, Req, RequestSpec
 from server.sampling.params import SamplingParams
+from server.sampling.sampler import INVERSE_CDF
 
 _SAMPLING_KEYS = ("max_new_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids",
                   "ignore_eos", "seed", "min_new_tokens", "frequency_penalty", "presence_penalty",
@@ -22,9 +23,11 @@ class NotReexecutableError(TokenLedgerError):
     """This request (or the log's record of it) cannot be re-run by this software."""
 
 
-def request_from_log(logged: LoggedRequest) -> Req:
+def request_from_log(logged: LoggedRequest, logged_sampler: str) -> Req:
     """The request exactly as BEGIN recorded it. A parameter this software does not know would be
-    silently dropped, and the re-run would not be the logged one: it is refused by name instead."""
+    silently dropped, and the re-run would not be the logged one: it is refused by name instead.
+    `logged_sampler`: SERVER_START's `sampler`; a sampled request drawn by another one is refused
+    (its seed would draw other tokens here), a greedy one runs whatever drew the others."""
     params: dict[str, Any] = logged.params
     unknown = sorted(set(params) - set(_SAMPLING_KEYS) - set(_LOGPROB_KEYS))
     if unknown:
@@ -39,6 +42,9 @@ def request_from_log(logged: LoggedRequest) -> Req:
     if logged.grammar is not None:
         values[_grammar_field(logged.grammar)] = json.loads(logged.grammar)["source"]
     sampling = SamplingParams(**values)
+    if not sampling.is_greedy and logged_sampler != INVERSE_CDF:
+        raise NotReexecutableError(f"it was sampled by the {logged_sampler!r} sampler and this software draws by "
+                                   f"{INVERSE_CDF!r}: its seed would draw other tokens here (greedy requests re-run)")
     logprob = LogprobRequest(**{k: params[k] for k in _LOGPROB_KEYS if k in params})
     return Req.from_spec(RequestSpec(logged.rid, list(logged.prompt), sampling, logprob))
 

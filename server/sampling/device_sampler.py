@@ -26,11 +26,11 @@ _SEED_BITS = 62
 
 
 def device_sampling_available(logits: torch.Tensor) -> bool:
-    return logits.is_cuda and _flashinfer_installed()
+    return logits.is_cuda and flashinfer_installed()
 
 
 @functools.cache
-def _flashinfer_installed() -> bool:
+def flashinfer_installed() -> bool:
     return importlib.util.find_spec("flashinfer") is not None
 
 

@@ -20,8 +20,19 @@ from dataclasses import dataclass
 
 import torch
 
-from server.sampling.device_sampler import device_sampling_available, draw_rows
+from server.sampling.device_sampler import device_sampling_available, draw_rows, flashinfer_installed
 from server.sampling.params import SamplingParams
+
+# What SERVER_START records as `sampler`: how random rows are drawn, which `replay --reexecute` must
+# match to re-run a sampled request. A log without the key was drawn by the exponential race.
+INVERSE_CDF = "inverse-cdf"
+FLASHINFER = "flashinfer"
+LEGACY_SAMPLER = "exponential-race"
+
+
+def sampler_name(device: torch.device) -> str:
+    """The draw a random row gets on `device` (FlashInfer's where it runs, else the inversion)."""
+    return FLASHINFER if device.type == "cuda" and flashinfer_installed() else INVERSE_CDF
 
 
 @dataclass(slots=True)

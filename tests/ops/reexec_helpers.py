@@ -80,10 +80,15 @@ def serve_log(model: Path, log: Path) -> ServedLog:
         batch = threading.Thread(target=lambda: outputs.update({o["meta_info"]["id"]: o for o in engine.generate(
             input_ids=prompts, sampling_params=params, return_logprob=True, top_logprobs_num=2, rid=rids)}))
         batch.start()
-        for rid in victims:
-            _wait_decoding(engine, rid)
-            engine.abort(rid)
-        for t in [*threads, batch]:
+        # One abort while the batch's prompts are still prefilling (its forwards may be extends the
+        # victim is not in: then it has no result pending and finishes at once, no DISCARD), one once
+        # the batch is done, when the victim decodes alone under overlap: its pending result is discarded.
+        _wait_decoding(engine, victims[0])
+        engine.abort(victims[0])
+        batch.join(120)
+        _wait_decoding(engine, victims[1])
+        engine.abort(victims[1])
+        for t in threads:
             t.join(120)
     finally:
         engine.shutdown()

@@ -91,3 +91,28 @@ def test_request_whose_server_start_was_dropped_is_listed_not_reexecutable(tmp_p
     assert ran.rc == 1, ran.err
     (req,) = ran.json()["requests"]
     assert req["rid"] == "kept" and "SERVER_START is not in the log" in req["reason"]
+
+
+def test_sampled_request_from_a_log_of_another_sampler_is_refused_and_a_greedy_one_runs() -> None:
+    from ops.reexec.plan import LoggedRequest
+    from ops.reexec.requests import NotReexecutableError, request_from_log
+    from server.sampling.sampler import INVERSE_CDF, LEGACY_SAMPLER
+
+    sampled = LoggedRequest("s", 1, 1, [4, 5], {"max_new_tokens": 3, "temperature": 0.8, "seed": 9}, None)
+    greedy = LoggedRequest("g", 2, 1, [4, 5], {"max_new_tokens": 3, "temperature": 0.0, "seed": 9}, None)
+    with pytest.raises(NotReexecutableError, match="exponential-race"):
+        request_from_log(sampled, LEGACY_SAMPLER)
+    assert request_from_log(greedy, LEGACY_SAMPLER).params.is_greedy
+    assert request_from_log(sampled, INVERSE_CDF).rng.random() == request_from_log(sampled, INVERSE_CDF).rng.random()
+
+
+def test_server_start_records_the_sampler(copied_model_log: tuple[Path, Path]) -> None:
+    from commitlog import Kind
+    from commitlog.reader import LogReader
+
+    reader = LogReader.open(copied_model_log[1])
+    try:
+        start = next(r for r in reader.records() if r.kind is Kind.SERVER_START)
+    finally:
+        reader.close()
+    assert start.payload["engine"]["sampler"] == "inverse-cdf"
