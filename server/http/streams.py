@@ -13,12 +13,19 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 
 def sse(payload: Any) -> bytes:
-    return f"data: {dumps(payload)}\n\n".encode()
+    return b"data: " + dumps(payload) + b"\n\n"
 
 
 async def interleave(sources: list[AsyncGenerator[T, None]]) -> AsyncIterator[T]:
     """Items of several iterators in the order they arrive (ties in list order). Closing this
     generator cancels or closes every source, so each runs its own abort-on-disconnect."""
+    if len(sources) == 1:  # one stream (most requests): no task and no wait per item
+        try:
+            async for item in sources[0]:
+                yield item
+        finally:
+            await sources[0].aclose()
+        return
     pending = {asyncio.ensure_future(_next(source)): source for source in sources}
     try:
         while pending:
