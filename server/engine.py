@@ -23,6 +23,7 @@ import structlog
 from commitlog import DoomSource, RequestRefusedError
 from server.config import ServerArgs
 from server.errors import EngineStoppedError, InvalidRequestError
+from server.heap import freeze_startup_heap, thaw_heap
 from server.outputs import AbortAnswer, RequestDelta
 from server.request import Req
 from server.request_builder import GenerateCall, RequestBuilder
@@ -67,6 +68,7 @@ class Engine:
         self.runtime: Runtime = build_runtime(self.args, log_dir, self._on_durable)
         self.tokenizer = self.runtime.tokenizer
         self._builder = RequestBuilder(self.tokenizer, self.runtime.limits, self.args.random_seed)
+        freeze_startup_heap(collect_first=False)  # thawed at shutdown
         self._thread = threading.Thread(target=self._loop, name="tokenledger-scheduler", daemon=True)
         self._thread.start()
 
@@ -128,6 +130,7 @@ class Engine:
         if not ledger.wal.closed:
             ledger.close()
         self._fail_waiters(EngineStoppedError("the engine was shut down"))
+        thaw_heap()
         if self._ephemeral_log:
             shutil.rmtree(self.log_dir, ignore_errors=True)
 

@@ -19,6 +19,7 @@ import zmq
 from commitlog import ChainHead, DoomSource, RequestRefusedError
 from server.config import ServerArgs
 from server.errors import TokenLedgerError
+from server.heap import freeze_startup_heap
 from server.log_setup import configure_logging
 from server.messages import (
     AbortMsg,
@@ -246,6 +247,7 @@ def scheduler_main(args: ServerArgs, log_dir: str, inbound: str, outbound: str) 
     except Exception as exc:  # noqa: BLE001 - reported to the front, then the process exits
         _report_fatal(outbound, f"{type(exc).__name__}: {exc}")
         raise SystemExit(2) from None
+    freeze_startup_heap()
     proc.announce()
     try:
         proc.serve()

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 
 from server.config import ServerArgs, default_log_dir
 from server.errors import EngineStoppedError
+from server.heap import freeze_startup_heap
 from server.http.app import create_app
 from server.http.client import SchedulerClient
 from server.http.front import Front
@@ -93,6 +94,7 @@ def _lifespan(server: FrontServer, front: Front, preloaded: threading.Event):  #
             yield
             return
         await asyncio.to_thread(preloaded.wait)
+        freeze_startup_heap()
         front.on_ready()
         log.info("server_ready", model=ready.model_dir, log_dir=ready.log_dir, instance=ready.instance_id,
                  host=front.args.host, port=front.args.port)

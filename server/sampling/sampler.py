@@ -75,11 +75,11 @@ def _inverse_cdf(logits: torch.Tensor, params: list[SamplingParams], streams: li
     # float64: a low-probability token's bucket keeps its width after a 1e5-term sum.
     cdf = probs.to(torch.float64).cumsum_(dim=-1)
     uniform = torch.tensor([stream.random() for stream in streams], dtype=torch.float64).to(logits.device)
-    target = (uniform * cdf[:, -1])[:, None]
-    token_ids = torch.searchsorted(cdf, target, right=True)[:, 0]
+    total = cdf[:, -1:].contiguous()
+    token_ids = torch.searchsorted(cdf, uniform[:, None] * total, right=True)[:, 0]
     # u < 1, but u * total can round up to the total itself (no bucket then): the row's last token
     # with mass is where its CDF first reaches the total, and no valid draw lies past it.
-    last_with_mass = torch.searchsorted(cdf, cdf[:, -1:], right=False)[:, 0]
+    last_with_mass = torch.searchsorted(cdf, total, right=False)[:, 0]
     return torch.minimum(token_ids, last_with_mass)
 
 

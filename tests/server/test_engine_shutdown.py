@@ -53,3 +53,18 @@ def test_engine_shutdown_aborts_live_requests_logged_and_frees_their_kv(tiny_che
         reader.verify()
     finally:
         reader.close()
+
+
+def test_engine_keeps_its_startup_heap_from_the_collector_and_hands_it_back_at_shutdown(tiny_checkpoint, tmp_path):
+    """While it runs, the start-up heap is frozen (no full collection scans it: a 275 ms pause under
+    load); after shutdown nothing stays frozen, so a stopped engine's cycles can be collected."""
+    import gc
+
+    from server import Engine
+
+    engine = Engine(model_path=str(tiny_checkpoint("llama")), log_dir=str(tmp_path / "log"), max_total_tokens=512)
+    try:
+        assert gc.get_freeze_count() > 10_000
+    finally:
+        engine.shutdown()
+    assert gc.get_freeze_count() == 0
