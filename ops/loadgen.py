@@ -133,8 +133,9 @@ async def _one(client: aiohttp.ClientSession, cfg: LoadConfig, req: PlannedReque
                 usage = event.get("usage")
                 if usage:
                     timing.output_tokens = int(usage.get("completion_tokens", timing.output_tokens))
-                choices = event.get("choices") or []
-                if not (choices and choices[0].get("text")):
+                # As `vllm bench serve` counts: every chunk with a choice is a token event, its text empty
+                # or not (a detokenizer holding back a partial character sends one with no text).
+                if not event.get("choices"):
                     continue
                 chunks += 1
                 if chunks == 1:
