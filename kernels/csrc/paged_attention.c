@@ -143,58 +143,45 @@ static inline float exp_shifted(float *s, int64_t n) {
 }
 
 #ifdef TL_AVX2
-/* acc[g * d + i] = sum_j w[g * pitch + j] * v_j[i] over the `visible` value rows, the G x D partial sums
- * held in registers for the whole pass (G and D are literals at every call): summed in memory, every
- * row cost G x D/8 loads and stores of the sums on top of its own D/8 loads. */
-static inline __attribute__((always_inline)) void weigh_values(const float *v_pool, const int64_t *slots,
-                                                               int64_t visible, int64_t stride, int64_t h,
-                                                               const float *w, int64_t pitch, float *acc,
-                                                               const int32_t d, const int32_t g_count) {
-    __m256 sum[g_count][d / 8];
+/* acc[g * d + i] = sum_j w[g * pitch + j] * v_j[offset + i] for G query heads and `nv` eight-float columns
+ * of the `visible` value rows, the G x nv partial sums held in registers for the whole pass (G and nv
+ * are literals at every call): summed in memory, every row cost G x D/8 loads and stores of the sums on
+ * top of its own loads. */
+static inline __attribute__((always_inline)) void weigh_columns(const float *v_pool, const int64_t *slots,
+                                                                int64_t visible, int64_t stride, int64_t offset,
+                                                                const float *w, int64_t pitch, float *acc,
+                                                                int32_t d, const int32_t g_count, const int32_t nv) {
+    __m256 sum[g_count][nv];
     for (int32_t g = 0; g < g_count; g++)
-        for (int32_t i = 0; i < d / 8; i++) sum[g][i] = _mm256_setzero_ps();
+        for (int32_t i = 0; i < nv; i++) sum[g][i] = _mm256_setzero_ps();
     for (int64_t j = 0; j < visible; j++) {
-        const float *v = v_pool + slots[j] * stride + h * d;
+        const float *v = v_pool + slots[j] * stride + offset;
         for (int32_t g = 0; g < g_count; g++) {
             const __m256 p = _mm256_broadcast_ss(w + g * pitch + j);
-            for (int32_t i = 0; i < d / 8; i++) sum[g][i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * i), sum[g][i]);
+            for (int32_t i = 0; i < nv; i++) sum[g][i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * i), sum[g][i]);
         }
     }
     for (int32_t g = 0; g < g_count; g++)
-        for (int32_t i = 0; i < d / 8; i++) _mm256_storeu_ps(acc + g * d + 8 * i, sum[g][i]);
+        for (int32_t i = 0; i < nv; i++) _mm256_storeu_ps(acc + g * d + 8 * i, sum[g][i]);
 }
 
-/* One query head's sums over `nv` eight-float columns of the value rows, from float `offset` of each row. */
-static inline __attribute__((always_inline)) void weigh_columns(const float *v_pool, const int64_t *slots,
-                                                                int64_t visible, int64_t stride, int64_t offset,
-                                                                const float *w, float *acc, const int32_t nv) {
-    __m256 sum[nv];
-    for (int32_t i = 0; i < nv; i++) sum[i] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < visible; j++) {
-        const float *v = v_pool + slots[j] * stride + offset;
-        const __m256 p = _mm256_broadcast_ss(w + j);
-        for (int32_t i = 0; i < nv; i++) sum[i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * i), sum[i]);
-    }
-    for (int32_t i = 0; i < nv; i++) _mm256_storeu_ps(acc + 8 * i, sum[i]);
-}
-
-/* The register path where the head dim is a multiple of 32; false: use the plain loop. At most eight
- * sums are live (with a broadcast weight and a loaded row, more would spill): every head at once
- * when G x D/8 <= 8, else one head and its columns per pass over the rows. */
+/* The register path for head dims 32 and 64; false: use the plain loop. At most eight sums are live
+ * (with a broadcast weight and a loaded row, more would spill): both heads at once for d 32 with
+ * G 2 (each V row read once), else one head and up to 64 columns per pass over the rows. Head dim 128
+ * or more keeps the plain loop: per-head passes measured 1.09x its time (d 128, G 4), whose sums in
+ * L1 are then 16 independent chains. */
 static inline int weigh_values_fast(const float *v_pool, const int64_t *slots, int64_t visible, int64_t stride,
                                     int64_t h, const float *w, int64_t pitch, float *acc, int32_t d, int32_t g_count) {
-#define TL_WEIGH(D, G) \
-    if (d == D && g_count == G) { weigh_values(v_pool, slots, visible, stride, h, w, pitch, acc, D, G); return 1; }
-    TL_WEIGH(32, 1) TL_WEIGH(32, 2) TL_WEIGH(64, 1)
-#undef TL_WEIGH
-    /* Head dim 128 or more: per-head passes measured 1.09x the plain loop (d 128, G 4), whose sums in
-     * L1 are then 16 independent chains; it keeps those shapes. */
     if (d != 32 && d != 64) return 0;
+    if (d == 32 && g_count == 2) {
+        weigh_columns(v_pool, slots, visible, stride, h * d, w, pitch, acc, d, 2, 4);
+        return 1;
+    }
     for (int32_t g = 0; g < g_count; g++)
         for (int32_t c = 0; c < d; c += 64) {
             const int64_t offset = h * d + c;
-            if (d - c >= 64) weigh_columns(v_pool, slots, visible, stride, offset, w + g * pitch, acc + g * d + c, 8);
-            else weigh_columns(v_pool, slots, visible, stride, offset, w + g * pitch, acc + g * d + c, 4);
+            if (d - c >= 64) weigh_columns(v_pool, slots, visible, stride, offset, w + g * pitch, pitch, acc + g * d + c, d, 1, 8);
+            else weigh_columns(v_pool, slots, visible, stride, offset, w + g * pitch, pitch, acc + g * d + c, d, 1, 4);
         }
     return 1;
 }

@@ -25,12 +25,13 @@ from server.sampling.params import SamplingParams
 _SEED_BITS = 62
 
 
-def device_sampling_available(logits: torch.Tensor) -> bool:
-    return logits.is_cuda and flashinfer_installed()
+def device_sampling_available(device: torch.device) -> bool:
+    """Random rows on `device` are drawn here: a CUDA device, with FlashInfer installed."""
+    return device.type == "cuda" and _flashinfer_installed()
 
 
 @functools.cache
-def flashinfer_installed() -> bool:
+def _flashinfer_installed() -> bool:
     return importlib.util.find_spec("flashinfer") is not None
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from server.sampling.device_sampler import device_sampling_available, draw_rows, flashinfer_installed
+from server.sampling.device_sampler import device_sampling_available, draw_rows
 from server.sampling.params import SamplingParams
 
 # What SERVER_START records as `sampler`: how random rows are drawn, which `replay --reexecute` must
@@ -32,7 +32,7 @@ LEGACY_SAMPLER = "exponential-race"
 
 def sampler_name(device: torch.device) -> str:
     """The draw a random row gets on `device` (FlashInfer's where it runs, else the inversion)."""
-    return FLASHINFER if device.type == "cuda" and flashinfer_installed() else INVERSE_CDF
+    return FLASHINFER if device_sampling_available(device) else INVERSE_CDF
 
 
 @dataclass(slots=True)
@@ -54,7 +54,7 @@ def sample(
     if adjust is not None:
         adjust(logits)  # the caller's own tensor: the token is drawn from the adjusted logits
     # CUDA with FlashInfer: its kernels (server.sampling.device_sampler); elsewhere the inversion.
-    draw = draw_rows if device_sampling_available(logits) else _inverse_cdf
+    draw = draw_rows if device_sampling_available(logits.device) else _inverse_cdf
     random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if len(random_rows) == len(params):  # every row random (the common online case): no greedy pass
         token_ids = draw(logits, params, streams)
