@@ -18,12 +18,17 @@ committed state too (`Req.reads_committed_history`).
 Aborts likewise: when a doomed request still has a result pending, `run_step` processes the
 pending results (its segment is discarded, I2) and flushes before it launches, so the abort's
 FINISH reaches the client without waiting for one more forward.
+
+The forward gate: `launch_next` runs the forward inside `forward_gate()`, a no-op by default. The
+scheduler process passes one that releases its state lock for the forward's length, so an abort
+that arrives mid-forward is served then (`settle_aborts`), not when the forward ends.
 """
 from __future__ import annotations
 
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from concurrent.futures import FIRST_COMPLETED, wait
 
 from commitlog import CommitLogError, DoomSource, FinishReason, Ledger, UnknownRequestError
@@ -77,6 +82,8 @@ class Scheduler:
         self.num_grammar_syncs = 0  # steps that processed results early for a constrained request
         self.num_abort_syncs = 0  # steps that processed results early to finish an aborted request
         self.prefix = PrefixCache(kv_pool, req_pool, cache)  # tree None: --disable-radix-cache
+        # Entered for each forward's length (module docstring); the forward reads only its batch.
+        self.forward_gate: Callable[[], AbstractContextManager[object]] = nullcontext
 
     # -- arrivals -------------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -109,17 +116,11 @@ class Scheduler:
     # -- the loop -------------------------------------------------------------------
     def run_step(self) -> None:
         """One iteration: launch the next forward, process the result it overtook, flush."""
-        if self.inflight and self._abort_waits_on_pending():
-            # An aborted request's pending result is discarded now, and its finish flushed at once:
-            # overlapped, the abort would wait for one more forward first (issue 11's abort latency).
-            # Its group is durable before the forward starts: on a CPU the forward's threads took the
+        if (lsn := self.settle_aborts()) is not None and self.ledger.writer.durability is not Durability.PERIODIC:
+            # The finish is durable before the forward starts: on a CPU the forward's threads took the
             # log writer's cores, and the finish waited 30-70 ms behind them. (Not under `periodic`,
             # where durable means the next timed sync.)
-            self.num_abort_syncs += 1
-            self._process_all_pending()
-            lsn = self.flush()
-            if lsn is not None and self.ledger.writer.durability is not Durability.PERIODIC:
-                self.ledger.writer.wait_durable(lsn)
+            self.ledger.writer.wait_durable(lsn)
         elif self.inflight and self._grammar_waits_on_pending():
             self.num_grammar_syncs += 1
             self._process_all_pending()
@@ -142,7 +143,8 @@ class Scheduler:
         self.ledger.log_forward(batch.mode.value, [r.rid for r in batch.reqs], batch.prefix_lens, batch.extend_lens,
                                 len(self.inflight))
         started = time.perf_counter()
-        handle = self.runner.launch(batch)
+        with self.forward_gate():
+            handle = self.runner.launch(batch)
         elapsed = time.perf_counter() - started
         self.stats.record(batch.mode, batch.num_tokens, elapsed)
         self.counters.step_seconds.append(elapsed)
@@ -285,6 +287,18 @@ class Scheduler:
 
         if self.ledger.flush(on_durable) is None:
             reply(answer, None)
+
+    def settle_aborts(self) -> int | None:
+        """An aborted request's result already launched is discarded now (I2: DISCARD, then its
+        FINISH), with every other result pending, and the group flushed; the LSN, or None if no
+        abort waited. Overlapped, the finish would otherwise wait for one more forward (issue 11's
+        abort latency). A forward still running (the process serves aborts during one) is not
+        waited for: a member finished by then has its segment skipped, as for a stop found late."""
+        if not (self.inflight and self._abort_waits_on_pending()):
+            return None
+        self.num_abort_syncs += 1
+        self._process_all_pending()
+        return self.flush()
 
     def _answer_for_unlive(self, rid: str) -> AbortAnswer:
         try:

@@ -3,6 +3,12 @@
 Inbound (PULL): generate, abort, flush cache, shutdown. Outbound (PUSH, through one sender thread that
 owns the socket): ready, durable deltas, abort replies, stats. Deltas are sent from the
 log's durable callback, so the front never sees a token that is not in the log (I5).
+
+Two threads share the scheduler, one lock between them. The loop holds it except while a forward
+runs and while it idles; the receiver thread owns the inbound socket and handles each message
+under the lock. So a message arriving mid-forward is handled then: an abort's pending result is
+discarded and its FINISH flushed while the forward still runs (before, it waited for the forward,
+a 512-token prefill being ~2 decode steps: issue 11's abort p99). Messages keep their order.
 """
 from __future__ import annotations
 
@@ -11,6 +17,9 @@ import queue
 import signal
 import threading
 import time
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import structlog
@@ -44,6 +53,7 @@ from server.runtime import Runtime, build_runtime
 
 STATS_INTERVAL_S = 0.25
 IDLE_POLL_MS = 50
+LOCK_TRY_S = 0.002  # the receiver's wait for the loop's lock before it polls the socket again
 # How often the chain head is logged (issue 10 C.15). A module constant until the flag
 # `--chain-head-interval-s` (server/config.py, ops/server_args.py) exists; a log pipeline that keeps
 # these lines can later prove with `verify --expect-head` that nothing before them was edited.
@@ -96,6 +106,12 @@ class SchedulerProcess:
         self._parent_pid = os.getppid()
         self.orphaned = False
         self._stop_reason = "server shutdown"  # logged with each request the end of the grace aborts
+        # The scheduler's state: held by `serve`'s loop, released for each forward and each idle wait.
+        self.lock = threading.Lock()
+        self._arrivals: deque[Message] = deque()  # received, not yet handled (in order)
+        self._arrived = threading.Event()  # set by the receiver when it queued a message
+        self._stop_receiving = threading.Event()
+        self.receiver_failure: BaseException | None = None  # raised by the loop: the process stops loudly
 
     def _on_durable(self, deltas: list[RequestDelta], error: BaseException | None) -> None:
         if error is not None:  # nothing more may be shown: stop loudly, the front answers 503
@@ -110,12 +126,37 @@ class SchedulerProcess:
                                   rt.limits.kv_capacity, self.sched.ledger.instance_id))
 
     def serve(self) -> None:
+        receiver = threading.Thread(target=self._receive_loop, name="tokenledger-receiver", daemon=True)
+        with self.lock:
+            self.sched.forward_gate = self._unlocked
+            receiver.start()
+            try:
+                self._loop()
+            finally:
+                self._stop_receiving.set()
+                with self._unlocked():
+                    receiver.join()
+                self.sched.forward_gate = nullcontext
+        self.sched.ledger.close()  # SERVER_STOP
+        self.publish_head(final=True)
+        if self.orphaned:
+            self.sender.close(timeout=ORPHAN_SEND_TIMEOUT_S)
+            return
+        self._maybe_send_stats(force=True)
+        self.sender.send(StoppedMsg())
+        self.sender.close()
+
+    def _loop(self) -> None:
         while not self._should_stop():
             self._check_parent()
             if self.failure is not None:
                 raise RuntimeError(f"the log writer failed: {self.failure}") from self.failure
+            if self.receiver_failure is not None:
+                raise RuntimeError(f"handling a message failed: {self.receiver_failure}") from self.receiver_failure
             was_busy = not self.sched.is_idle
-            self._receive(block=not was_busy)
+            if not was_busy:
+                self._idle_wait()
+            self._handle_arrived()
             if not self.sched.is_idle:
                 self.sched.run_step()
                 if self.sched.is_idle and self.shutdown_deadline is None:
@@ -125,14 +166,52 @@ class SchedulerProcess:
             # Report at once when the scheduler goes idle, so gauges read 0 after a drain.
             self._maybe_send_stats(force=was_busy and self.sched.is_idle)
             self._maybe_publish_head()
-        self.sched.ledger.close()  # SERVER_STOP
-        self.publish_head(final=True)
-        if self.orphaned:
-            self.sender.close(timeout=ORPHAN_SEND_TIMEOUT_S)
-            return
-        self._maybe_send_stats(force=True)
-        self.sender.send(StoppedMsg())
-        self.sender.close()
+
+    @contextmanager
+    def _unlocked(self) -> Iterator[None]:
+        self.lock.release()
+        try:
+            yield
+        finally:
+            self.lock.acquire()
+
+    def _idle_wait(self) -> None:
+        """Nothing to run: wait (unlocked) until a message arrived, or a poll interval. The queue is
+        drained under the lock afterwards, so a wake-up cleared here is never lost."""
+        with self._unlocked():
+            self._arrived.wait(IDLE_POLL_MS / 1000)
+            self._arrived.clear()
+
+    def _handle_arrived(self) -> None:
+        """Handles every queued message in arrival order (the lock held). The loop's `run_step` then
+        settles aborts; the receiver settles them itself (`_receive_loop`)."""
+        while True:
+            try:
+                msg = self._arrivals.popleft()
+            except IndexError:
+                break
+            self._handle(msg)
+
+    def _receive_loop(self) -> None:
+        """The receiver thread, the inbound socket's only user. It queues what arrives, then handles
+        the queue itself if it can take the lock within a few ms: it can while the loop's forward
+        runs (the forward reads only its own batch) or while it idles. Otherwise the loop handles
+        the queue at its next turn, as it did before this thread, so nothing waits on the lock."""
+        while not self._stop_receiving.is_set():
+            if self.inbound.poll(0 if self._arrivals else IDLE_POLL_MS):
+                while self.inbound.poll(0):
+                    self._arrivals.append(decode(self.inbound.recv()))
+                self._arrived.set()
+            if not self._arrivals or not self.lock.acquire(timeout=LOCK_TRY_S):
+                continue
+            try:
+                self._handle_arrived()
+                self.sched.settle_aborts()  # its group is flushed; the forward, if one runs, goes on
+            except BaseException as exc:  # noqa: BLE001 - as when the loop handles a message: fatal
+                self.receiver_failure = exc
+                return
+            finally:
+                self.lock.release()
 
     def _check_parent(self) -> None:
         """A front killed without a word (kill -9, OOM) would leave this process holding the log's writer
@@ -166,14 +245,6 @@ class SchedulerProcess:
             for rid in list(self.sched.reqs):  # grace is over: abort the rest, logged
                 self.sched.abort(rid, DoomSource.SHUTDOWN, lambda _a, _e: None, self._stop_reason)
         return self.sched.is_idle
-
-    def _receive(self, block: bool) -> None:
-        if not self.inbound.poll(IDLE_POLL_MS if block else 0):
-            return
-        while True:
-            self._handle(decode(self.inbound.recv()))
-            if not self.inbound.poll(0):
-                return
 
     def _handle(self, msg: Message) -> None:
         if isinstance(msg, GenerateMsg):

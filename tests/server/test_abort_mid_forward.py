@@ -1,0 +1,92 @@
+"""Issue 11's abort p99: an abort that reaches the scheduler process while a forward runs is served
+then. Its request's pending result is discarded (I2), its FINISH logged and flushed, and the
+answer and the final chunk sent, all before that forward ends; not one forward later."""
+from __future__ import annotations
+
+import threading
+import time
+
+import zmq
+from inproc_scheduler import generate_msg, inproc_scheduler
+
+from commitlog import Kind, LogReader
+from ops.logcli.checklog import check_log
+from server.messages import AbortMsg, AbortReplyMsg, DeltasMsg, ShutdownMsg, encode
+from server.outputs import AbortStatus
+
+GREEDY = {"temperature": 0, "ignore_eos": True}
+WAIT_S = 30.0
+
+
+def _wait_for(condition, timeout: float = WAIT_S) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def test_abort_arriving_mid_forward_is_finished_and_answered_before_that_forward_ends(tiny_checkpoint, tmp_path):
+    log_dir = tmp_path / "log"
+    with inproc_scheduler(tiny_checkpoint("llama"), log_dir, tmp_path) as proc:
+        sent = proc.sender.sent  # type: ignore[attr-defined]
+        push = proc.ctx.socket(zmq.PUSH)
+        push.bind(f"ipc://{tmp_path}/in")
+        launch = proc.sched.runner.launch
+        held, release = threading.Event(), threading.Event()
+
+        def launch_and_hold(batch):
+            handle = launch(batch)  # on the CPU the forward has run; held here, the loop is still inside it
+            victim = proc.sched.reqs.get("victim")
+            if victim is not None and victim in batch.reqs and len(victim.output_ids) >= 3 and not held.is_set():
+                held.set()
+                release.wait(WAIT_S)
+            return handle
+
+        proc.sched.runner.launch = launch_and_hold  # type: ignore[method-assign]
+        loop = threading.Thread(target=proc.serve)
+        loop.start()
+        try:
+            push.send(encode(generate_msg("victim", GREEDY | {"max_new_tokens": 64})))
+            push.send(encode(generate_msg("bystander", GREEDY | {"max_new_tokens": 12}, prompt=[8, 9, 10, 11])))
+            assert held.wait(WAIT_S), "the victim never reached a held forward"
+            push.send(encode(AbortMsg(ticket=7, rids=["victim"], source="api")))
+
+            def answered() -> list[AbortReplyMsg]:
+                return [m for m in list(sent) if isinstance(m, AbortReplyMsg) and m.ticket == 7]
+
+            def final_chunk() -> list:
+                return [d for m in list(sent) if isinstance(m, DeltasMsg) for d in m.deltas
+                        if d.rid == "victim" and d.finish is not None]
+
+            served_mid_forward = _wait_for(lambda: bool(answered() and final_chunk()), timeout=10.0)
+            still_held = not release.is_set()
+        finally:
+            release.set()
+            push.send(encode(ShutdownMsg(grace_s=60)))  # the bystander drains, then the loop stops
+            loop.join(WAIT_S)
+            push.close(linger=0)
+        assert not loop.is_alive()
+        assert served_mid_forward and still_held, "the abort waited for the forward in progress"
+        [answer] = answered()[0].answers
+        assert answer.status is AbortStatus.ABORTED
+        assert final_chunk()[0].finish["type"] == "abort"
+        shown = [t for m in sent if isinstance(m, DeltasMsg) for d in m.deltas if d.rid == "victim" for t in d.token_ids]
+
+    reader = LogReader.open(log_dir)
+    try:
+        kinds = [r.kind for r in reader.request_records("victim")]
+        committed = [t for r in reader.request_records("victim") if r.kind is Kind.COMMIT for t in r.payload["ids"]]
+        bystander = reader.request_records("bystander")
+        reader.verify()
+    finally:
+        reader.close()
+    # The result pending when the abort came was discarded, then the request finished; the held
+    # forward's segment was skipped, unlogged (FORMAT.md), so nothing follows the FINISH.
+    assert kinds[-3:] == [Kind.ABORT_REQUESTED, Kind.DISCARD, Kind.FINISH]
+    assert kinds.count(Kind.FINISH) == 1
+    assert shown == committed and answer.completion_tokens == len(committed) >= 2
+    assert sum(len(r.payload["ids"]) for r in bystander if r.kind is Kind.COMMIT) == 12
+    report = check_log(str(log_dir), jobs=1)  # the schedule's linkage and every invariant, as `verify` checks
+    assert report.failure is None and report.violations == []
