@@ -8,6 +8,7 @@ import itertools
 import multiprocessing
 import shutil
 import tempfile
+import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -79,6 +80,8 @@ class SchedulerClient:
         self.failure: str | None = None
         self.stopped = asyncio.Event()
         self.on_stats: list = []  # callbacks taking a StatsMsg
+        self.on_abort_finished: list = []  # callbacks taking seconds from an abort's send to its finish here
+        self._abort_sent: dict[str, float] = {}  # live rid -> when its first abort was sent (monotonic)
         self._streams: dict[str, Submission] = {}  # accepted and not yet finished
         # rid -> wall clock when its abort's finish became durable (the last ABORT_TIMES_KEPT aborts)
         self.abort_durable_times: OrderedDict[str, float] = OrderedDict()
@@ -157,6 +160,10 @@ class SchedulerClient:
         ticket = next(self._tickets)
         future: asyncio.Future[list[AbortAnswer]] = asyncio.get_running_loop().create_future()
         self._abort_futures[ticket] = future
+        sent = time.monotonic()
+        for rid in self._streams if abort_all else rids:
+            if rid in self._streams:
+                self._abort_sent.setdefault(rid, sent)
         await self._push.send(encode(AbortMsg(ticket, rids, source, abort_all)))
         return await future
 
@@ -201,6 +208,9 @@ class SchedulerClient:
                 submission = self._streams.get(delta.rid)
                 if submission is not None:
                     submission.queue.put_nowait(delta)
+                    if delta.finish is not None and (sent := self._abort_sent.pop(delta.rid, None)) is not None:
+                        for callback in self.on_abort_finished:
+                            callback(time.monotonic() - sent)
                     if delta.finish is not None:
                         # Finished at the scheduler: no longer live, whether or not anyone reads it.
                         submission.finished = True
@@ -218,6 +228,7 @@ class SchedulerClient:
                 flushed.set_result(msg)
         elif isinstance(msg, RejectMsg):
             submission = self._streams.pop(msg.rid, None)
+            self._abort_sent.pop(msg.rid, None)
             if submission is not None:
                 submission.finished = True
                 submission.queue.put_nowait(RequestRejected(msg.message, msg.status))
@@ -252,6 +263,7 @@ class SchedulerClient:
             submission.finished = True
             submission.queue.put_nowait(error)
         self._streams.clear()
+        self._abort_sent.clear()
         pending: list[asyncio.Future[Any]] = [*self._abort_futures.values(), *self._flush_futures.values()]
         for future in pending:
             if not future.done():

@@ -68,6 +68,7 @@ class Front:
         limits = Limits(ready.vocab_size, ready.context_len, ready.kv_capacity, self.args.max_prompts_per_request)
         self.builder = RequestBuilder(self.tokenizer, limits, self.args.random_seed)
         self.client.on_stats.append(self.metrics.on_stats)
+        self.client.on_abort_finished.append(self.metrics.on_abort_finished)
 
     @property
     def is_serving(self) -> bool:

@@ -75,6 +75,10 @@ class Metrics:
         self.generation_tokens = hist("tokenledger_request_generation_tokens", "Output tokens per finished request",
                                       TOKEN_BUCKETS)
         self.wal_commit = hist("tokenledger_wal_group_commit_seconds", "Group flush to durable", LATENCY_BUCKETS)
+        # The server's share of an abort's latency: what a client adds (its own loop, the wire) is not in it.
+        self.abort_time = hist("tokenledger_abort_seconds",
+                               "An abort sent to the scheduler to its finish durable and back at the front, per live request",
+                               LATENCY_BUCKETS)
         for source in DoomSource:  # every source shows from the start, at 0
             self.aborts.labels(source=source.value, model_name=model_name)
         self._seen_aborts: dict[str, int] = {}
@@ -112,6 +116,9 @@ class Metrics:
         self.prefix_query.inc(s.prefix_query_tokens - self._seen_query)
         self.prefix_hit.inc(s.prefix_hit_tokens - self._seen_hit)
         self._seen_query, self._seen_hit = s.prefix_query_tokens, s.prefix_hit_tokens
+
+    def on_abort_finished(self, seconds: float) -> None:
+        self.abort_time.observe(seconds)
 
     def on_tokens(self, timing: RequestTiming, now: float, count: int) -> None:
         """A delta of `count` durable tokens reached the front at `now`: the first one is the TTFT;

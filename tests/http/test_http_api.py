@@ -66,9 +66,18 @@ def test_openai_completions_and_chat_with_the_openai_package(server):
     assert view["rid"] == done.id and view["completion_tokens"] == 8
 
 
+def _aborts_timed(url: str) -> float:
+    """How many aborts `/metrics` has timed (`tokenledger_abort_seconds`: one per live request aborted)."""
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+        if family.name == "tokenledger_abort_seconds":
+            return next(s.value for s in family.samples if s.name.endswith("_count"))
+    raise AssertionError("no tokenledger_abort_seconds in /metrics")
+
+
 def test_abort_mid_stream_ends_with_exactly_the_acknowledged_tokens(server):
     body = {"input_ids": list(range(5, 15)), "rid": "abort-me", "stream": True,
             "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True, "temperature": 0}}
+    timed_before = _aborts_timed(server.url)
     with httpx.stream("POST", f"{server.url}/generate", json=body, timeout=120) as r:
         lines = r.iter_lines()
         for line in lines:
@@ -84,6 +93,7 @@ def test_abort_mid_stream_ends_with_exactly_the_acknowledged_tokens(server):
     assert len(final["output_ids"]) == answer["completion_tokens"] == final["meta_info"]["completion_tokens"]
     assert httpx.post(f"{server.url}/abort_request", json={"rid": "abort-me"}).status_code == 409
     assert httpx.post(f"{server.url}/abort_request", json={"rid": "never-was"}).status_code == 404
+    assert _aborts_timed(server.url) == timed_before + 1  # the live one; the late and the unknown are not timed
 
 
 def test_client_rid_that_collides_with_a_live_request_gets_409(server):
