@@ -28,8 +28,8 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from concurrent.futures import FIRST_COMPLETED, wait
+from contextlib import AbstractContextManager, nullcontext
 
 from commitlog import CommitLogError, DoomSource, FinishReason, Ledger, UnknownRequestError
 from commitlog.audit import finish_reason_object

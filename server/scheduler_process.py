@@ -128,7 +128,10 @@ class SchedulerProcess:
     def serve(self) -> None:
         receiver = threading.Thread(target=self._receive_loop, name="tokenledger-receiver", daemon=True)
         with self.lock:
-            self.sched.forward_gate = self._unlocked
+            if self.sched.kv_pool.device.type == "cpu":
+                # A CUDA launch only enqueues work and returns: nothing to serve aborts beside, and
+                # results read back by another thread would sync the device under the lock.
+                self.sched.forward_gate = self._unlocked
             receiver.start()
             try:
                 self._loop()
