@@ -142,10 +142,10 @@ class Scheduler:
         # The schedule, for `replay --reexecute`: staged before this forward's results (launch order).
         self.ledger.log_forward(batch.mode.value, [r.rid for r in batch.reqs], batch.prefix_lens, batch.extend_lens,
                                 len(self.inflight))
-        started = time.perf_counter()
         with self.forward_gate():
+            started = time.perf_counter()  # the forward's time only, not a wait for the lock after it
             handle = self.runner.launch(batch)
-        elapsed = time.perf_counter() - started
+            elapsed = time.perf_counter() - started
         self.stats.record(batch.mode, batch.num_tokens, elapsed)
         self.counters.step_seconds.append(elapsed)
         self.inflight.append(handle)
@@ -164,8 +164,9 @@ class Scheduler:
             if req.state.kv_committed_len == req.prompt_len and not req.is_finished:
                 self._adopt_prompt(req)  # its prefill just committed: shareable from now on
 
-    def flush(self) -> int | None:
-        """Write the step's records as one group; its deltas go out once it is durable."""
+    def flush(self, then: Callable[[BaseException | None], None] | None = None) -> int | None:
+        """Write the step's records as one group; its deltas go out once it is durable, and `then`
+        runs after them. None if nothing was staged (`then` is not called)."""
         deltas, self.outbox = self.outbox, []
         self.counters.generated_tokens += sum(len(d.token_ids) for d in deltas)
         started = time.perf_counter()
@@ -173,6 +174,8 @@ class Scheduler:
         def on_durable(_lsn: int, error: BaseException | None) -> None:
             self.counters.wal_commit_seconds.append(time.perf_counter() - started)
             self.sink(deltas, error)
+            if then is not None:
+                then(error)
 
         return self.ledger.flush(on_durable)
 
@@ -279,13 +282,9 @@ class Scheduler:
                                             completion_tokens=len(req.output_ids)))
             self._on_finished(req)
         answer = AbortAnswer(rid, AbortStatus.ABORTED, len(req.output_ids), req.abort_lsn)
-        deltas, self.outbox = self.outbox, []
-
-        def on_durable(_lsn: int, error: BaseException | None) -> None:
-            self.sink(deltas, error)
-            reply(answer, error)
-
-        if self.ledger.flush(on_durable) is None:
+        # The outbox may hold more than this abort's finish: under the scheduler process, an abort
+        # can arrive mid-forward, after a step staged deltas it has not flushed yet.
+        if self.flush(lambda error: reply(answer, error)) is None:
             reply(answer, None)
 
     def settle_aborts(self) -> int | None:

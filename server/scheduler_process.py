@@ -112,6 +112,7 @@ class SchedulerProcess:
         self._arrived = threading.Event()  # set by the receiver when it queued a message
         self._stop_receiving = threading.Event()
         self.receiver_failure: BaseException | None = None  # raised by the loop: the process stops loudly
+        self._serves_mid_forward = False  # the receiver handles messages itself (CPU, while serving)
 
     def _on_durable(self, deltas: list[RequestDelta], error: BaseException | None) -> None:
         if error is not None:  # nothing more may be shown: stop loudly, the front answers 503
@@ -132,6 +133,7 @@ class SchedulerProcess:
                 # A CUDA launch only enqueues work and returns: nothing to serve aborts beside, and
                 # results read back by another thread would sync the device under the lock.
                 self.sched.forward_gate = self._unlocked
+                self._serves_mid_forward = True
             receiver.start()
             try:
                 self._loop()
@@ -140,6 +142,7 @@ class SchedulerProcess:
                 with self._unlocked():
                     receiver.join()
                 self.sched.forward_gate = nullcontext
+                self._serves_mid_forward = False
         self.sched.ledger.close()  # SERVER_STOP
         self.publish_head(final=True)
         if self.orphaned:
@@ -196,25 +199,28 @@ class SchedulerProcess:
             self._handle(msg)
 
     def _receive_loop(self) -> None:
-        """The receiver thread, the inbound socket's only user. It queues what arrives, then handles
-        the queue itself if it can take the lock within a few ms: it can while the loop's forward
-        runs (the forward reads only its own batch) or while it idles. Otherwise the loop handles
-        the queue at its next turn, as it did before this thread, so nothing waits on the lock."""
-        while not self._stop_receiving.is_set():
-            if self.inbound.poll(0 if self._arrivals else IDLE_POLL_MS):
-                while self.inbound.poll(0):
-                    self._arrivals.append(decode(self.inbound.recv()))
-                self._arrived.set()
-            if not self._arrivals or not self.lock.acquire(timeout=LOCK_TRY_S):
-                continue
-            try:
-                self._handle_arrived()
-                self.sched.settle_aborts()  # its group is flushed; the forward, if one runs, goes on
-            except BaseException as exc:  # noqa: BLE001 - as when the loop handles a message: fatal
-                self.receiver_failure = exc
-                return
-            finally:
-                self.lock.release()
+        """The receiver thread, the inbound socket's only user. It queues what arrives and wakes an
+        idle loop. Where forwards run unlocked (CPU), it then handles the queue itself if it can
+        take the lock within a few ms: it can while the loop's forward runs (the forward reads only
+        its own batch) or while it idles. Otherwise the loop handles the queue at its next turn, as
+        it did before this thread, so nothing waits on the lock. Any failure here stops the loop."""
+        try:
+            while not self._stop_receiving.is_set():
+                try_lock = self._serves_mid_forward and bool(self._arrivals)
+                if self.inbound.poll(0 if try_lock else IDLE_POLL_MS):
+                    while self.inbound.poll(0):
+                        self._arrivals.append(decode(self.inbound.recv()))
+                    self._arrived.set()
+                if not (self._serves_mid_forward and self._arrivals and self.lock.acquire(timeout=LOCK_TRY_S)):
+                    continue
+                try:
+                    self._handle_arrived()
+                    self.sched.settle_aborts()  # its group is flushed; the forward, if one runs, goes on
+                finally:
+                    self.lock.release()
+        except BaseException as exc:  # noqa: BLE001 - as when the loop handles a message: fatal
+            self.receiver_failure = exc
+            self._arrived.set()
 
     def _check_parent(self) -> None:
         """A front killed without a word (kill -9, OOM) would leave this process holding the log's writer

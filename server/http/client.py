@@ -152,6 +152,7 @@ class SchedulerClient:
             return
         if self._streams.get(submission.rid) is submission:
             del self._streams[submission.rid]
+            self._abort_sent.pop(submission.rid, None)
         submission.queue.put_nowait(EngineStoppedError(f"the request could not be sent: {future.exception()}"))
 
     async def abort(self, rids: list[str], source: str, abort_all: bool = False) -> list[AbortAnswer]:
@@ -161,10 +162,16 @@ class SchedulerClient:
         future: asyncio.Future[list[AbortAnswer]] = asyncio.get_running_loop().create_future()
         self._abort_futures[ticket] = future
         sent = time.monotonic()
-        for rid in self._streams if abort_all else rids:
-            if rid in self._streams:
-                self._abort_sent.setdefault(rid, sent)
-        await self._push.send(encode(AbortMsg(ticket, rids, source, abort_all)))
+        timed = [rid for rid in (self._streams if abort_all else rids) if rid in self._streams and rid not in self._abort_sent]
+        for rid in timed:
+            self._abort_sent[rid] = sent
+        try:
+            await self._push.send(encode(AbortMsg(ticket, rids, source, abort_all)))
+        except BaseException:
+            for rid in timed:
+                self._abort_sent.pop(rid, None)
+            self._abort_futures.pop(ticket, None)
+            raise
         return await future
 
     async def flush_cache(self) -> FlushCacheReplyMsg:
@@ -208,7 +215,9 @@ class SchedulerClient:
                 submission = self._streams.get(delta.rid)
                 if submission is not None:
                     submission.queue.put_nowait(delta)
-                    if delta.finish is not None and (sent := self._abort_sent.pop(delta.rid, None)) is not None:
+                    sent = self._abort_sent.pop(delta.rid, None) if delta.finish is not None else None
+                    if sent is not None and delta.finish is not None and delta.finish.get("type") == "abort":
+                        # A request that finished by itself before the abort won is not an abort's latency.
                         for callback in self.on_abort_finished:
                             callback(time.monotonic() - sent)
                     if delta.finish is not None:

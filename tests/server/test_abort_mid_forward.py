@@ -90,3 +90,28 @@ def test_abort_arriving_mid_forward_is_finished_and_answered_before_that_forward
     assert sum(len(r.payload["ids"]) for r in bystander if r.kind is Kind.COMMIT) == 12
     report = check_log(str(log_dir), jobs=1)  # the schedule's linkage and every invariant, as `verify` checks
     assert report.failure is None and report.violations == []
+
+
+def test_a_message_the_receiver_cannot_decode_stops_the_loop_loudly(tiny_checkpoint, tmp_path):
+    """The receiver thread reads every message; a failure there must end `serve` with an error (the
+    process then reports it to the front), never leave a loop running that nobody feeds."""
+    with inproc_scheduler(tiny_checkpoint("llama"), tmp_path / "log", tmp_path) as proc:
+        push = proc.ctx.socket(zmq.PUSH)
+        push.bind(f"ipc://{tmp_path}/in")
+        failures: list[BaseException] = []
+
+        def serve() -> None:
+            try:
+                proc.serve()
+            except BaseException as exc:  # noqa: BLE001 - the test reads it
+                failures.append(exc)
+
+        loop = threading.Thread(target=serve)
+        loop.start()
+        try:
+            push.send(b"\xc1 not a message")
+            loop.join(WAIT_S)
+        finally:
+            push.close(linger=0)
+        assert not loop.is_alive(), "the loop went on without its receiver"
+        assert failures and "handling a message failed" in str(failures[0])
