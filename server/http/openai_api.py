@@ -290,7 +290,11 @@ async def _choice_chunks(front: Front, call: Call, index: int, spec: RequestSpec
     async for delta in front.stream(spec, view, submission):
         think = thinking.next_chunk(_Part(view, True)) if thinking else ""  # type: ignore[arg-type]
         chunk = text.next_chunk(_Part(view, False) if thinking else view)  # type: ignore[arg-type]
-        if not (chunk or think) and delta.finish is None and not (call.logprobs is not None and delta.token_ids):
+        # Every committed token gets its chunk, even while its text is held back (a partial UTF-8
+        # character, a possible stop string): a client times the first token by the first chunk (vLLM
+        # streams this way; so does our /generate). A delta without tokens (a prompt chunk's progress)
+        # gets none.
+        if not (chunk or think or delta.token_ids) and delta.finish is None:
             continue
         piece: dict[str, Any] = {"index": index, "finish_reason": finish_reason(view)}
         if call.kind == "text_completion":

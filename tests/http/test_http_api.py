@@ -74,6 +74,23 @@ def _aborts_timed(url: str) -> float:
     raise AssertionError("no tokenledger_abort_seconds in /metrics")
 
 
+def test_a_token_whose_text_is_held_back_still_gets_its_chunk(server):
+    """A client times the first token by the first chunk (as `vllm bench serve` does). A token whose
+    text is held back, here because it could begin a stop string, must still get a chunk, with
+    empty text; the text itself comes once it is certain, and the whole text is unchanged."""
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    name = model_name(server)
+    plain = client.completions.create(model=name, prompt="Once upon a time", max_tokens=4, temperature=0)
+    first = client.completions.create(model=name, prompt="Once upon a time", max_tokens=1, temperature=0).choices[0].text
+    assert first, "the first token decodes to no text: pick another prompt"
+    stop = first + "\u2603never"  # the first token's text is a prefix of this stop string: held back
+    streamed = list(client.completions.create(model=name, prompt="Once upon a time", max_tokens=4, temperature=0,
+                                              stop=[stop], stream=True))
+    texts = [c.choices[0].text for c in streamed if c.choices]
+    assert len(texts) == 4, texts  # one chunk per token, the held-back one included
+    assert texts[0] == "" and "".join(texts) == plain.choices[0].text
+
+
 def test_abort_mid_stream_ends_with_exactly_the_acknowledged_tokens(server):
     body = {"input_ids": list(range(5, 15)), "rid": "abort-me", "stream": True,
             "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True, "temperature": 0}}
