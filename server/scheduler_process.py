@@ -112,7 +112,6 @@ class SchedulerProcess:
         self._arrived = threading.Event()  # set by the receiver when it queued a message
         self._stop_receiving = threading.Event()
         self.receiver_failure: BaseException | None = None  # raised by the loop: the process stops loudly
-        self._serves_mid_forward = False  # the receiver handles messages itself (CPU, while serving)
 
     def _on_durable(self, deltas: list[RequestDelta], error: BaseException | None) -> None:
         if error is not None:  # nothing more may be shown: stop loudly, the front answers 503
@@ -133,7 +132,6 @@ class SchedulerProcess:
                 # A CUDA launch only enqueues work and returns: nothing to serve aborts beside, and
                 # results read back by another thread would sync the device under the lock.
                 self.sched.forward_gate = self._unlocked
-                self._serves_mid_forward = True
             receiver.start()
             try:
                 self._loop()
@@ -142,7 +140,6 @@ class SchedulerProcess:
                 with self._unlocked():
                     receiver.join()
                 self.sched.forward_gate = nullcontext
-                self._serves_mid_forward = False
         self.sched.ledger.close()  # SERVER_STOP
         self.publish_head(final=True)
         if self.orphaned:
@@ -188,15 +185,16 @@ class SchedulerProcess:
             self._arrived.wait(IDLE_POLL_MS / 1000)
             self._arrived.clear()
 
+    @property
+    def _serves_mid_forward(self) -> bool:
+        """The receiver handles messages itself: forwards run unlocked (CPU, while serving)."""
+        return self.sched.forward_gate is not nullcontext
+
     def _handle_arrived(self) -> None:
-        """Handles every queued message in arrival order (the lock held). The loop's `run_step` then
-        settles aborts; the receiver settles them itself (`_receive_loop`)."""
-        while True:
-            try:
-                msg = self._arrivals.popleft()
-            except IndexError:
-                break
-            self._handle(msg)
+        """Handles every queued message in arrival order (the lock held; the receiver only appends).
+        The loop's `run_step` then settles aborts; the receiver settles them itself (`_receive_loop`)."""
+        while self._arrivals:
+            self._handle(self._arrivals.popleft())
 
     def _receive_loop(self) -> None:
         """The receiver thread, the inbound socket's only user. It queues what arrives and wakes an

@@ -215,12 +215,12 @@ class SchedulerClient:
                 submission = self._streams.get(delta.rid)
                 if submission is not None:
                     submission.queue.put_nowait(delta)
-                    sent = self._abort_sent.pop(delta.rid, None) if delta.finish is not None else None
-                    if sent is not None and delta.finish is not None and delta.finish.get("type") == "abort":
-                        # A request that finished by itself before the abort won is not an abort's latency.
-                        for callback in self.on_abort_finished:
-                            callback(time.monotonic() - sent)
                     if delta.finish is not None:
+                        sent = self._abort_sent.pop(delta.rid, None)
+                        # A request that finished by itself before the abort won is not an abort's latency.
+                        if sent is not None and delta.finish.get("type") == "abort":
+                            for callback in self.on_abort_finished:
+                                callback(time.monotonic() - sent)
                         # Finished at the scheduler: no longer live, whether or not anyone reads it.
                         submission.finished = True
                         submission.queue.put_nowait(_END)
