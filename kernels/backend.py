@@ -14,6 +14,8 @@ from typing import Protocol
 
 import torch
 
+from kernels.row_gather import gather_row_prefixes
+
 
 class KVBuffer(Protocol):
     """Per-layer K and V pools of shape [slots, kv_heads, head_dim], written by slot."""
@@ -58,8 +60,10 @@ class BatchLayout:
             widest = int(kv_lens.max()) if kv_lens.numel() else 0
         if is_decode is None:
             is_decode = bool((extend_lens == 1).all())
-        block = table[rows, :widest]
-        indices = block[torch.arange(widest, device=table.device)[None, :] < kv_lens[:, None]]
+        indices = gather_row_prefixes(table, rows, kv_lens)
+        if indices is None:  # a device table, or no C compiler here
+            block = table[rows, :widest]
+            indices = block[torch.arange(widest, device=table.device)[None, :] < kv_lens[:, None]]
         zero = torch.zeros(1, dtype=torch.int64, device=table.device)
         return cls(out_cache_loc, torch.cat((zero, extend_lens.cumsum(0))), torch.cat((zero, kv_lens.cumsum(0))),
                    indices, is_decode, widest)

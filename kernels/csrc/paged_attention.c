@@ -36,6 +36,20 @@ typedef struct {
 } Job;
 
 #define ITEMS_PER_GRAB 4
+#define PREFETCH_AHEAD 16 /* slots: about a DRAM latency's worth of the loop's work at head dim 32 */
+
+/* Asks for the `floats` floats at `offset` of each of `n` pool rows, ahead of their use (read, keep in
+ * every cache level). A request's rows are wherever its slots put them, so the hardware prefetcher cannot
+ * guess the next one. One layer of a batch-64 decode (KV 320) read from DRAM, same process, alternating:
+ * 1.62 -> 1.29 ms with rows in slot order, 2.88 -> 2.05 ms with rows scattered (as a long-running
+ * server's reused slots are). */
+static inline void prefetch_rows(const float *pool, const int64_t *slots, int32_t n, int64_t stride, int64_t offset,
+                                 int32_t floats) {
+    for (int32_t i = 0; i < n; i++) {
+        const char *row = (const char *)(pool + slots[i] * stride + offset);
+        for (int32_t b = 0; b < floats * (int32_t)sizeof(float); b += 64) __builtin_prefetch(row + b, 0, 3);
+    }
+}
 
 #ifdef TL_AVX2
 /* The eight lane-sums of a0..a7 as one vector: one horizontal add tree instead of eight. */
@@ -72,7 +86,7 @@ static inline __m256 exp8_nonpositive(__m256 x) {
 static inline __attribute__((always_inline)) void score_keys(const float *q, int32_t g_count, const float *k_pool,
                                                              const int64_t *slots, int64_t visible, int64_t stride,
                                                              int64_t h, float scale, float *scores, int64_t pitch,
-                                                             const int32_t d) {
+                                                             const int32_t d, const int prefetch) {
     int64_t j = 0;
 #ifdef TL_AVX2
     if (d % 8 == 0) {
@@ -80,6 +94,7 @@ static inline __attribute__((always_inline)) void score_keys(const float *q, int
         for (; j + 8 <= visible; j += 8) {
             const float *k[8];
             for (int32_t jj = 0; jj < 8; jj++) k[jj] = k_pool + slots[j + jj] * stride + h * d;
+            if (prefetch && j + PREFETCH_AHEAD + 8 <= visible) prefetch_rows(k_pool, slots + j + PREFETCH_AHEAD, 8, stride, h * d, d);
             for (int32_t g = 0; g < g_count; g++) {
                 const float *qg = q + (int64_t)g * d;
                 __m256 acc[8];
@@ -150,12 +165,14 @@ static inline float exp_shifted(float *s, int64_t n) {
 static inline __attribute__((always_inline)) void weigh_columns(const float *v_pool, const int64_t *slots,
                                                                 int64_t visible, int64_t stride, int64_t offset,
                                                                 const float *w, int64_t pitch, float *acc,
-                                                                int32_t d, const int32_t g_count, const int32_t nv) {
+                                                                int32_t d, const int32_t g_count, const int32_t nv,
+                                                                const int prefetch) {
     __m256 sum[g_count][nv];
     for (int32_t g = 0; g < g_count; g++)
         for (int32_t i = 0; i < nv; i++) sum[g][i] = _mm256_setzero_ps();
     for (int64_t j = 0; j < visible; j++) {
         const float *v = v_pool + slots[j] * stride + offset;
+        if (prefetch && j + PREFETCH_AHEAD < visible) prefetch_rows(v_pool, slots + j + PREFETCH_AHEAD, 1, stride, offset, 8 * nv);
         for (int32_t g = 0; g < g_count; g++) {
             const __m256 p = _mm256_broadcast_ss(w + g * pitch + j);
             for (int32_t i = 0; i < nv; i++) sum[g][i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * i), sum[g][i]);
@@ -171,17 +188,18 @@ static inline __attribute__((always_inline)) void weigh_columns(const float *v_p
  * or more keeps the plain loop: per-head passes measured 1.09x its time (d 128, G 4), whose sums in
  * L1 are then 16 independent chains. */
 static inline int weigh_values_fast(const float *v_pool, const int64_t *slots, int64_t visible, int64_t stride,
-                                    int64_t h, const float *w, int64_t pitch, float *acc, int32_t d, int32_t g_count) {
+                                    int64_t h, const float *w, int64_t pitch, float *acc, int32_t d, int32_t g_count,
+                                    int prefetch) {
     if (d != 32 && d != 64) return 0;
     if (d == 32 && g_count == 2) {
-        weigh_columns(v_pool, slots, visible, stride, h * d, w, pitch, acc, d, 2, 4);
+        weigh_columns(v_pool, slots, visible, stride, h * d, w, pitch, acc, d, 2, 4, prefetch);
         return 1;
     }
     for (int32_t g = 0; g < g_count; g++)
         for (int32_t c = 0; c < d; c += 64) {
             const int64_t offset = h * d + c;
-            if (d - c >= 64) weigh_columns(v_pool, slots, visible, stride, offset, w + g * pitch, pitch, acc + g * d + c, d, 1, 8);
-            else weigh_columns(v_pool, slots, visible, stride, offset, w + g * pitch, pitch, acc + g * d + c, d, 1, 4);
+            if (d - c >= 64) weigh_columns(v_pool, slots, visible, stride, offset, w + g * pitch, pitch, acc + g * d + c, d, 1, 8, prefetch);
+            else weigh_columns(v_pool, slots, visible, stride, offset, w + g * pitch, pitch, acc + g * d + c, d, 1, 4, prefetch);
         }
     return 1;
 }
@@ -200,12 +218,15 @@ static inline __attribute__((always_inline)) void attend_item_d(const Job *job, 
     const int64_t stride = (int64_t)job->hkv * d;
     const float *q = job->q + ((int64_t)row * job->hq + (int64_t)h * g_count) * d;
 
-    score_keys(q, g_count, job->k_pool, slots, visible, stride, h, job->scale, scores, job->max_kv_len, d);
+    /* A decode row's keys are the request's whole history, mostly out of cache; an extend's were mostly
+     * just written by this forward, and asking for them again measured 5-12 % slower. */
+    const int prefetch = n_new == 1;
+    score_keys(q, g_count, job->k_pool, slots, visible, stride, h, job->scale, scores, job->max_kv_len, d, prefetch);
     float inv_sum[g_count];
     for (int32_t g = 0; g < g_count; g++) inv_sum[g] = 1.0f / exp_shifted(scores + (int64_t)g * job->max_kv_len, visible);
     int summed = 0;
 #ifdef TL_AVX2
-    summed = weigh_values_fast(job->v_pool, slots, visible, stride, h, scores, job->max_kv_len, acc, d, g_count);
+    summed = weigh_values_fast(job->v_pool, slots, visible, stride, h, scores, job->max_kv_len, acc, d, g_count, prefetch);
 #endif
     if (!summed) {
         memset(acc, 0, sizeof(float) * (size_t)g_count * (size_t)d);
