@@ -167,23 +167,29 @@ static inline __attribute__((always_inline)) void weigh_columns(const float *v_p
                                                                 const float *w, int64_t pitch, float *acc,
                                                                 int32_t d, const int32_t g_count, const int32_t nv,
                                                                 const int prefetch) {
-    __m256 sum[g_count][nv];
+    /* Fixed-size arrays, not sum[g_count][nv]: once the loops unroll, the compiler keeps fixed ones in
+     * registers, a variable-length one on the stack. With the row loaded once for every head, measured on
+     * one layer's extend (2 x 256 tokens, same process, alternating, bitwise equal): 0.73-0.92x the time
+     * at d 32, G 2; 0.91-0.94x at d 64. */
+    __m256 sum[8];
     for (int32_t g = 0; g < g_count; g++)
-        for (int32_t i = 0; i < nv; i++) sum[g][i] = _mm256_setzero_ps();
+        for (int32_t i = 0; i < nv; i++) sum[g * nv + i] = _mm256_setzero_ps();
     for (int64_t j = 0; j < visible; j++) {
         const float *v = v_pool + slots[j] * stride + offset;
         if (prefetch && j + PREFETCH_AHEAD < visible) prefetch_rows(v_pool, slots + j + PREFETCH_AHEAD, 1, stride, offset, 8 * nv);
+        __m256 row[8];
+        for (int32_t i = 0; i < nv; i++) row[i] = _mm256_loadu_ps(v + 8 * i);
         for (int32_t g = 0; g < g_count; g++) {
             const __m256 p = _mm256_broadcast_ss(w + g * pitch + j);
-            for (int32_t i = 0; i < nv; i++) sum[g][i] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * i), sum[g][i]);
+            for (int32_t i = 0; i < nv; i++) sum[g * nv + i] = _mm256_fmadd_ps(p, row[i], sum[g * nv + i]);
         }
     }
     for (int32_t g = 0; g < g_count; g++)
-        for (int32_t i = 0; i < nv; i++) _mm256_storeu_ps(acc + g * d + 8 * i, sum[g][i]);
+        for (int32_t i = 0; i < nv; i++) _mm256_storeu_ps(acc + g * d + 8 * i, sum[g * nv + i]);
 }
 
 /* The register path for head dims 32 and 64; false: use the plain loop. At most eight sums are live
- * (with a broadcast weight and a loaded row, more would spill): both heads at once for d 32 with
+ * (beside a broadcast weight and the loaded row): both heads at once for d 32 with
  * G 2 (each V row read once), else one head and up to 64 columns per pass over the rows. Head dim 128
  * or more keeps the plain loop: per-head passes measured 1.09x its time (d 128, G 4), whose sums in
  * L1 are then 16 independent chains. */
