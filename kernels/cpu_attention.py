@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -16,7 +17,7 @@ _I32 = ctypes.c_int32
 
 
 @functools.cache
-def _kernel() -> ctypes._CFuncPtr:
+def _kernel() -> Callable[..., int]:
     fn = load("paged_attention.c").tl_paged_attention_f32
     fn.argtypes = [_P, _P, _P, _P, _P, _P, _I32, _I32, _I32, _I32, ctypes.c_float, _P, _I32]
     fn.restype = ctypes.c_int

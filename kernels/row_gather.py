@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -13,7 +14,7 @@ _P = ctypes.c_void_p
 
 
 @functools.cache
-def _gather() -> ctypes._CFuncPtr | None:
+def _gather() -> Callable[..., None] | None:
     try:
         fn = load("gather_rows.c").tl_gather_rows_i64
     except (NativeBuildError, OSError):
