@@ -27,8 +27,10 @@ def _gather() -> Callable[..., None] | None:
 def gather_row_prefixes(table: torch.Tensor, rows: torch.Tensor, lens: torch.Tensor) -> torch.Tensor | None:
     """`cat(table[rows[i], :lens[i]] for i)`, or None where the native gather cannot run (not a CPU
     int64 table, or no compiler). Every length must be within the table's width (the caller's invariant)."""
+    if table.device.type != "cpu" or table.dtype != torch.int64 or not table.is_contiguous():
+        return None  # checked first: a device table never builds or loads the C library
     fn = _gather()
-    if fn is None or table.device.type != "cpu" or table.dtype != torch.int64 or not table.is_contiguous():
+    if fn is None:
         return None
     rows, lens = rows.to(torch.int64).contiguous(), lens.to(torch.int64).contiguous()
     out = torch.empty(int(lens.sum()), dtype=torch.int64)
