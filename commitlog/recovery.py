@@ -13,7 +13,7 @@ from commitlog.errors import CorruptRecordError
 from commitlog.isolate import run_isolated
 from commitlog.reader import LogReader
 from commitlog.state import FinishReason, finish_entry, replay
-from commitlog.wal import DATA_FILE, Wal
+from commitlog.wal import DATA_FILE, META_INSTANCE_PREFIX, Wal
 
 TAIL_CHECK_RECORDS = 256
 
@@ -41,27 +41,34 @@ def recover(wal: Wal) -> tuple[Encoder, list[Entry], RecoveryReport]:
 
 
 def preflight(log_dir: str | os.PathLike[str]) -> None:
-    """Recovery's reads, first in a forked child (`commitlog.isolate`): a damaged page that would kill the
-    process (SIGBUS, SIGSEGV) refuses the open with the salvage command instead of killing the server.
+    """Recovery's reads and the open's first write (aborted, never committed), first in a forked child
+    (`commitlog.isolate`): a damaged page that would kill the process (SIGBUS, SIGSEGV) refuses the
+    open with the salvage command instead of killing the server.
 
     Only a crash is reported from here; any other outcome is met again, as the precise typed error, by
-    the same reads in this process, which then cannot crash (the bytes are the same). A daemonic process
-    may not have children (multiprocessing): there, the reads run in this process alone."""
+    the same reads and write in this process, which then cannot crash (the bytes are the same). A
+    daemonic process may not have children (multiprocessing): there, they run in this process alone."""
     if multiprocessing.current_process().daemon:
         return
-    (outcome,) = run_isolated([(_recovery_reads, (str(log_dir),))])
+    (outcome,) = run_isolated([(_recovery_trial, (str(log_dir),))])
     if outcome.status == "crashed":
         raise CorruptRecordError(outcome.message, None, str(log_dir))
 
 
-def _recovery_reads(log_dir: str) -> None:
+def _recovery_trial(log_dir: str) -> None:
+    """What `Ledger.open` does to an existing log, up to its first write, which is applied and aborted:
+    the reads alone need not touch the pages a write does (the free list's, a table's right edge)."""
     if not (Path(log_dir) / DATA_FILE).exists():
         return  # a new log: nothing to read
-    reader = LogReader.open(log_dir)
+    wal = Wal.open(log_dir)
     try:
-        _plan(reader, 0)
+        encoder, entries, _report = recover(wal)
+        # As `Ledger._start` writes it: recovery's entries, then SERVER_START and an instance's meta key.
+        group = encoder.encode([*entries, Entry(Kind.SERVER_START, None, {"instance": "preflight"})])
+        group.meta.append((META_INSTANCE_PREFIX + b"preflight", b"0"))
+        wal.trial_write([group])
     finally:
-        reader.close()
+        wal.close()
 
 
 def _plan(reader: LogReader, cleared: int) -> tuple[Encoder, list[Entry], RecoveryReport]:

@@ -136,6 +136,21 @@ class Wal:
             except lmdb.MapFullError:
                 self._grow()
 
+    def trial_write(self, groups: list[EncodedGroup]) -> None:
+        """Applies `groups` as `write_groups` would, then aborts: nothing reaches the file. Recovery's
+        preflight runs an open's first write this way in a forked child, so that a damaged page which
+        would crash it (SIGBUS inside LMDB: the reads alone need not touch the pages a write does, such
+        as the free list's) crashes the child instead of the server. A full map ends the trial early:
+        the real write grows the map and retries."""
+        txn = self.env.begin(write=True)
+        try:
+            for group in groups:
+                self._apply(txn, group)
+        except lmdb.MapFullError:
+            pass
+        finally:
+            txn.abort()
+
     def _write_once(self, groups: list[EncodedGroup]) -> None:
         with self.env.begin(write=True) as txn:
             for group in groups:

@@ -1,21 +1,29 @@
 """`tokenledger bench offline`: one random-length greedy workload through the offline `Engine`,
 through HF transformers static batching (left-padded batches, each run to its longest output)
 and, with `--peer-python`, through vLLM's offline `LLM` in that interpreter — same run, same
-prompts, same output lengths. Prints output tok/s for each and the ratios; the last line is JSON."""
+prompts, same output lengths. Prints output tok/s for each and the ratios; the last line is JSON.
+
+Rounds: every engine is loaded and warmed up first, then each round runs one workload through
+each engine in turn (each round its own prompts, so no prefix cache serves a later round). On a
+shared machine whose speed drifts over minutes, one engine's turn can land in a slow spell and the
+next one's in a fast one; a round's engines run seconds apart, so its ratio carries little of the
+drift, and the headline ratio is the median of the rounds' ratios. Batch-1 decode alternates the
+same way."""
 from __future__ import annotations
 
 import argparse
 import json
 import os
 import random
+import statistics
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Protocol
 
 PEER_SCRIPT = Path(__file__).with_name("peer_vllm_offline.py")
 BATCH1_PROMPT_LEN = 32
@@ -45,6 +53,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-durability", default="fsync")
     p.add_argument("--batch1-tokens", type=int, default=128,
                    help="batch-1 decode: new tokens of the one request timed (0 skips the measurement)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="timed rounds, each through every engine in turn with its own prompts (>= 1)")
     p.set_defaults(run=run)
 
 
@@ -54,25 +64,6 @@ def make_workload(num: int, input_range: tuple[int, int], output_range: tuple[in
     usable = [t for t in range(vocab) if t not in special]
     prompts = [[rng.choice(usable) for _ in range(rng.randint(*input_range))] for _ in range(num)]
     return Workload(prompts, [rng.randint(*output_range) for _ in range(num)])
-
-
-def run_engine(model_dir: Path, work: Workload, durability: str, batch1_tokens: int,
-               warmup: Workload) -> tuple[float, float | None]:
-    """Output tok/s on the workload, and batch-1 decode ms per token (None when not asked)."""
-    with warmed_engine(model_dir, work, durability, warmup) as (engine, params):
-        started = time.perf_counter()
-        outs = engine.generate(input_ids=work.prompts, sampling_params=params)
-        elapsed = time.perf_counter() - started
-
-        prompt = batch1_prompt(work)
-
-        def one(new: int) -> None:
-            engine.generate(input_ids=[prompt], sampling_params={"max_new_tokens": new, "temperature": 0,
-                                                                 "ignore_eos": True})
-
-        batch1 = decode_ms_per_token(one, batch1_tokens)
-    assert sum(len(o["output_ids"]) for o in outs) == work.output_tokens  # type: ignore[index,union-attr]
-    return work.output_tokens / elapsed, batch1
 
 
 @contextmanager
@@ -125,47 +116,135 @@ def decode_ms_per_token(generate: Callable[[int], None], new_tokens: int) -> flo
     return (best(new_tokens) - best(1)) / (new_tokens - 1) * 1e3
 
 
-def run_hf(model_dir: Path, work: Workload, batch_size: int, batch1_tokens: int,
-           warmup: Workload) -> tuple[float, float | None]:
+class OfflineEngine(Protocol):
+    """One engine under test, loaded and warmed up: timed on one workload at a time."""
+
+    name: str
+
+    def output_tok_s(self, work: Workload) -> float: ...
+
+    def batch1_ms(self, prompt: list[int], new_tokens: int) -> float | None: ...
+
+
+class OursOffline:
+    name = "tokenledger"
+
+    def __init__(self, stack: ExitStack, model_dir: Path, durability: str, warmup: Workload) -> None:
+        self.engine, _ = stack.enter_context(warmed_engine(model_dir, warmup, durability, warmup))
+
+    def output_tok_s(self, work: Workload) -> float:
+        started = time.perf_counter()
+        outs = self.engine.generate(input_ids=work.prompts, sampling_params=_greedy(work))
+        elapsed = time.perf_counter() - started
+        produced = sum(len(o["output_ids"]) for o in outs)
+        if produced != work.output_tokens:
+            raise RuntimeError(f"the engine produced {produced} tokens, the workload asked {work.output_tokens}")
+        return work.output_tokens / elapsed
+
+    def batch1_ms(self, prompt: list[int], new_tokens: int) -> float | None:
+        def one(new: int) -> None:
+            self.engine.generate(input_ids=[prompt], sampling_params={"max_new_tokens": new, "temperature": 0,
+                                                                      "ignore_eos": True})
+        return decode_ms_per_token(one, new_tokens)
+
+
+class HFStaticOffline:
     """HF `generate`, greedy, static batches in arrival order: the batch runs to its longest
-    requested output; only the requested tokens count. Also its batch-1 decode ms per token."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    requested output; only the requested tokens count."""
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    name = "hf_static"
 
-    def batch(prompts: list[list[int]], max_new: int) -> None:
+    def __init__(self, model_dir: Path, batch_size: int, warmup: Workload) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self._torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+        self.pad = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
+        self.batch_size = batch_size
+        self._all_of(warmup)
+
+    def _batch(self, prompts: list[list[int]], max_new: int) -> None:
+        torch = self._torch
         width = max(len(p) for p in prompts)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        ids = torch.tensor([[self.pad] * (width - len(p)) + p for p in prompts])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         with torch.inference_mode():
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
-                           do_sample=False, pad_token_id=pad)
+            self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, min_new_tokens=max_new,
+                                do_sample=False, pad_token_id=self.pad)
 
-    def all_of(w: Workload) -> None:
-        for i in range(0, len(w.prompts), batch_size):
-            batch(w.prompts[i:i + batch_size], max(w.output_lens[i:i + batch_size]))
+    def _all_of(self, work: Workload) -> None:
+        for i in range(0, len(work.prompts), self.batch_size):
+            self._batch(work.prompts[i:i + self.batch_size], max(work.output_lens[i:i + self.batch_size]))
 
-    all_of(warmup)
-    started = time.perf_counter()
-    all_of(work)
-    rate = work.output_tokens / (time.perf_counter() - started)
-    prompt = batch1_prompt(work)
-    batch1 = decode_ms_per_token(lambda new: batch([prompt], new), batch1_tokens)
-    return rate, batch1
+    def output_tok_s(self, work: Workload) -> float:
+        started = time.perf_counter()
+        self._all_of(work)
+        return work.output_tokens / (time.perf_counter() - started)
+
+    def batch1_ms(self, prompt: list[int], new_tokens: int) -> float | None:
+        return decode_ms_per_token(lambda new: self._batch([prompt], new), new_tokens)
 
 
-def run_peer(python: str, model_dir: Path, work: Workload, warmup: Workload) -> float:
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
-    with tempfile.TemporaryDirectory(prefix="tokenledger-peer-") as tmp:
-        workload, result = Path(tmp) / "workload.json", Path(tmp) / "result.json"
-        workload.write_text(json.dumps({**asdict(work), "warmup": asdict(warmup)}))
-        done = subprocess.run([python, str(PEER_SCRIPT), "--model", str(model_dir), "--workload", str(workload),
-                               "--result", str(result)], capture_output=True, text=True, env=env, timeout=3600)
-        if done.returncode != 0 or not result.exists():
-            raise RuntimeError(f"the vLLM run failed:\n{done.stderr[-3000:]}")
-        return float(json.loads(result.read_text())["output_tok_s"])
+class VLLMOffline:
+    """vLLM's offline `LLM` in another interpreter (ops/peer_vllm_offline.py), kept loaded between
+    rounds: one JSON workload a line on its stdin, one JSON result a line on a pipe of its own
+    (vLLM's logs go to a file)."""
+
+    name = "vllm"
+
+    def __init__(self, stack: ExitStack, python: str, model_dir: Path, warmup: Workload) -> None:
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tokenledger-peer-")))
+        (tmp / "warmup.json").write_text(json.dumps(asdict(warmup)))
+        self._log = (tmp / "vllm.log").open("w")
+        stack.callback(self._log.close)
+        read_fd, write_fd = os.pipe()
+        self.proc = subprocess.Popen(
+            [python, str(PEER_SCRIPT), "--model", str(model_dir), "--warmup", str(tmp / "warmup.json"),
+             "--result-fd", str(write_fd)],
+            stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, text=True, env=env,
+            pass_fds=(write_fd,))
+        os.close(write_fd)  # the child's copy is the only one left: its exit ends our reads
+        stack.callback(self._stop)
+        self._results: IO[str] = os.fdopen(read_fd)
+        stack.callback(self._results.close)
+        self._log_path = tmp / "vllm.log"
+        self._read()  # {"ready": true}: loaded and warmed up
+
+    def _read(self) -> dict[str, Any]:
+        line = self._results.readline()
+        if not line:
+            self.proc.wait(timeout=60)
+            tail = self._log_path.read_text()[-3000:]
+            raise RuntimeError(f"the vLLM run failed (exit {self.proc.returncode}):\n{tail}")
+        return dict(json.loads(line))
+
+    def _stop(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()  # end of input: the peer exits
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def output_tok_s(self, work: Workload) -> float:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(asdict(work)) + "\n")
+        self.proc.stdin.flush()
+        result = self._read()
+        if int(result["output_tokens"]) != work.output_tokens:
+            raise RuntimeError(f"vLLM produced {result['output_tokens']} tokens, the workload asked {work.output_tokens}")
+        return float(result["output_tok_s"])
+
+    def batch1_ms(self, prompt: list[int], new_tokens: int) -> float | None:
+        return None  # not asked of the peer (the batch-1 target is against HF)
+
+
+def _median_ratios(rounds: list[dict[str, float]], ours: str) -> dict[str, float]:
+    """Per other engine: the median over rounds of ours over it (a round's engines ran seconds apart)."""
+    return {n: statistics.median(r[ours] / r[n] for r in rounds) for n in rounds[0] if n != ours}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -173,36 +252,67 @@ def run(args: argparse.Namespace) -> int:
 
     from server.models.demo import model_dir_for
 
+    if args.rounds < 1:
+        raise SystemExit("--rounds must be >= 1")
     model_dir = model_dir_for(args.model_path)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    work = make_workload(args.num_prompts, tuple(args.input_range), tuple(args.output_range), tokenizer.vocab_size,
-                         set(tokenizer.all_special_ids), args.seed)
-    # Every engine first runs a workload of the same shape with other prompts, untimed: the timed run is
-    # at steady state (memory touched, kernels built and cached), and no prompt of it is in a prefix cache.
-    warmup = make_workload(args.num_prompts, tuple(args.input_range), tuple(args.output_range), tokenizer.vocab_size,
-                           set(tokenizer.all_special_ids), args.seed + 1)
-    figures: dict[str, float] = {}
-    batch1: dict[str, float] = {}
+    vocab, special = tokenizer.vocab_size, set(tokenizer.all_special_ids)
 
-    def keep(name: str, measured: tuple[float, float | None]) -> None:
-        figures[name] = measured[0]
-        if measured[1] is not None:
-            batch1[name] = measured[1]
+    def workload(seed: int) -> Workload:
+        return make_workload(args.num_prompts, tuple(args.input_range), tuple(args.output_range), vocab, special, seed)
 
-    keep("tokenledger", run_engine(model_dir, work, args.log_durability, args.batch1_tokens, warmup))
-    if not args.skip_hf:
-        keep("hf_static", run_hf(model_dir, work, args.hf_batch_size, args.batch1_tokens, warmup))
-    if args.peer_python:
-        figures["vllm"] = run_peer(args.peer_python, model_dir, work, warmup)
-    print(f"workload: {args.num_prompts} prompts, input {args.input_range[0]}-{args.input_range[1]}, output "
-          f"{args.output_range[0]}-{args.output_range[1]} ({work.output_tokens} output tokens), greedy, ignore_eos")
-    print(f"{'engine':14} {'output tok/s':>12} {'tokenledger / it':>17}")
-    for name, rate in figures.items():
-        print(f"{name:14} {rate:12.1f} {figures['tokenledger'] / rate:17.2f}")
-    if batch1:
-        print(f"batch-1 decode, {len(batch1_prompt(work))}-token prompt, {args.batch1_tokens} new tokens:")
-        print(f"{'engine':14} {'ms / token':>12} {'tokenledger / it':>17}")
-        for name, ms in batch1.items():
-            print(f"{name:14} {ms:12.2f} {batch1['tokenledger'] / ms:17.2f}")
-    print(json.dumps({"output_tok_s": figures, "output_tokens": work.output_tokens, "batch1_ms_per_token": batch1}))
+    # Every engine first runs a workload of the same shape with other prompts, untimed: the timed runs are
+    # at steady state (memory touched, kernels built and cached). Round 0 is the seed's workload (what a
+    # one-round run times); every later round draws its own prompts, so no prefix cache serves it.
+    warmup = workload(args.seed + 1)
+    works = [workload(args.seed if r == 0 else args.seed + 1 + r) for r in range(args.rounds)]
+    with ExitStack() as stack:
+        engines: list[OfflineEngine] = []
+        if args.peer_python:  # loaded first: its start-up is the longest, and nothing is timed meanwhile
+            peer = VLLMOffline(stack, args.peer_python, model_dir, warmup)
+        engines.append(OursOffline(stack, model_dir, args.log_durability, warmup))
+        if not args.skip_hf:
+            engines.append(HFStaticOffline(model_dir, args.hf_batch_size, warmup))
+        if args.peer_python:
+            engines.append(peer)
+        rounds = [{e.name: e.output_tok_s(work) for e in engines} for work in works]
+        prompt = batch1_prompt(works[0])
+        timers = [e for e in engines if not isinstance(e, VLLMOffline)] if args.batch1_tokens >= 2 else []
+        batch1_rounds = [{e.name: ms for e in timers if (ms := e.batch1_ms(prompt, args.batch1_tokens)) is not None}
+                         for _ in range(args.rounds)] if timers else []
+    _report(args, works, rounds, batch1_rounds, len(prompt))
     return 0
+
+
+def _report(args: argparse.Namespace, works: list[Workload], rounds: list[dict[str, float]],
+            batch1_rounds: list[dict[str, float]], batch1_prompt_len: int) -> None:
+    ours = OursOffline.name
+    names = list(rounds[0])
+    others = [n for n in names if n != ours]
+    print(f"workload: {args.num_prompts} prompts, input {args.input_range[0]}-{args.input_range[1]}, output "
+          f"{args.output_range[0]}-{args.output_range[1]}, greedy, ignore_eos; {args.rounds} round(s), each "
+          "through every engine in turn with its own prompts")
+    print(f"{'round':>5} {'output tokens':>13} " + " ".join(f"{n + ' tok/s':>17}" for n in names)
+          + "".join(f" {'tokenledger / ' + n:>22}" for n in others))
+    for i, (work, r) in enumerate(zip(works, rounds)):
+        print(f"{i:>5} {work.output_tokens:>13} " + " ".join(f"{r[n]:17.1f}" for n in names)
+              + "".join(f" {r[ours] / r[n]:22.2f}" for n in others))
+    medians = {n: statistics.median(r[n] for r in rounds) for n in names}
+    ratios = _median_ratios(rounds, ours)
+    print(f"{'median':>5} {'':>13} " + " ".join(f"{medians[n]:17.1f}" for n in names)
+          + "".join(f" {ratios[n]:22.2f}" for n in others) + "   (ratios: median of the rounds' ratios)")
+    batch1: dict[str, float] = {}
+    batch1_ratios: dict[str, float] = {}
+    if batch1_rounds and batch1_rounds[0]:
+        timed = list(batch1_rounds[0])
+        batch1 = {n: statistics.median(r[n] for r in batch1_rounds) for n in timed}
+        batch1_ratios = _median_ratios(batch1_rounds, ours)
+        print(f"batch-1 decode, {batch1_prompt_len}-token prompt, {args.batch1_tokens} new tokens, ms / token:")
+        for i, r in enumerate(batch1_rounds):
+            print(f"{i:>5} " + " ".join(f"{n} {r[n]:.2f}" for n in timed)
+                  + "".join(f"   tokenledger / {n} {r[ours] / r[n]:.2f}" for n in timed if n != ours))
+        print("median " + " ".join(f"{n} {batch1[n]:.2f}" for n in timed)
+              + "".join(f"   tokenledger / {n} {v:.2f} (median of the rounds' ratios)" for n, v in batch1_ratios.items()))
+    print(json.dumps({"output_tok_s": medians, "ratios": ratios, "rounds": rounds,
+                      "output_tokens": [w.output_tokens for w in works], "batch1_ms_per_token": batch1,
+                      "batch1_ratios": batch1_ratios, "batch1_rounds": batch1_rounds}))

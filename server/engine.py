@@ -218,7 +218,8 @@ class Engine:
         item.count.put(len(rids))
         reply = item.reply
         for rid in rids:
-            self.scheduler.abort(rid, item.source, lambda a, e: reply.put((a, e)))
+            self.scheduler.abort(rid, item.source, lambda a, e: reply.put((a, e)), flush=False)
+        self.scheduler.settle_aborts(wait=True)  # one group for them all, answered once durable
 
     def _on_durable(self, deltas: list[RequestDelta], error: BaseException | None) -> None:
         """Runs on the log writer's thread: the only place results are released (I5)."""

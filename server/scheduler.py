@@ -74,6 +74,8 @@ class Scheduler:
         self.chunked_req: Req | None = None  # mid-way through a chunked prefill
         self.inflight: deque[ForwardHandle] = deque()  # launched, result not yet processed
         self.outbox: list[RequestDelta] = []
+        # Aborts staged with `flush=False`: answered once `settle_aborts` made their group durable.
+        self.unanswered_aborts: list[tuple[AbortReply, AbortAnswer]] = []
         self.reserved_tokens = 0
         self.stats = StepStats()
         self.counters = SchedulerCounters()
@@ -116,12 +118,8 @@ class Scheduler:
     # -- the loop -------------------------------------------------------------------
     def run_step(self) -> None:
         """One iteration: launch the next forward, process the result it overtook, flush."""
-        if (lsn := self.settle_aborts()) is not None and self.ledger.writer.durability is not Durability.PERIODIC:
-            # The finish is durable before the forward starts: on a CPU the forward's threads took the
-            # log writer's cores, and the finish waited 30-70 ms behind them. (Not under `periodic`,
-            # where durable means the next timed sync.)
-            self.ledger.writer.wait_durable(lsn)
-        elif self.inflight and self._grammar_waits_on_pending():
+        self.settle_aborts(wait=True)
+        if self.inflight and self._grammar_waits_on_pending():  # none left if the aborts settled them
             self.num_grammar_syncs += 1
             self._process_all_pending()
         launched = self.launch_next()
@@ -261,8 +259,12 @@ class Scheduler:
         self.reserved_tokens -= adopted
 
     # -- aborts ---------------------------------------------------------------------
-    def abort(self, rid: str, source: DoomSource, reply: AbortReply, reason: str | None = None) -> None:
-        """Dooms `rid`. Waiting or idle: finished now. Result pending: that result is discarded."""
+    def abort(self, rid: str, source: DoomSource, reply: AbortReply, reason: str | None = None,
+              flush: bool = True) -> None:
+        """Dooms `rid`. Waiting or idle: finished now. Result pending: that result is discarded.
+        `flush=False` only stages it: the caller ends its burst of aborts with `settle_aborts`, so the
+        ABORT_REQUESTED records, the pending results they discard and their FINISH records are one
+        group (one fsync, not two in a row), and `reply` runs once that group is durable."""
         req = self.reqs.get(rid)
         if req is None or req.is_doomed:
             answer = self._answer_for_unlive(rid) if req is None else AbortAnswer(rid, AbortStatus.ABORTED, len(req.output_ids), req.abort_lsn)
@@ -282,22 +284,42 @@ class Scheduler:
                                             completion_tokens=len(req.output_ids)))
             self._on_finished(req)
         answer = AbortAnswer(rid, AbortStatus.ABORTED, len(req.output_ids), req.abort_lsn)
+        if not flush:
+            self.unanswered_aborts.append((reply, answer))
+            return
         # The outbox may hold more than this abort's finish: under the scheduler process, an abort
         # can arrive mid-forward, after a step staged deltas it has not flushed yet.
         if self.flush(lambda error: reply(answer, error)) is None:
             reply(answer, None)
 
-    def settle_aborts(self) -> int | None:
+    def settle_aborts(self, wait: bool = False) -> int | None:
         """An aborted request's result already launched is discarded now (I2: DISCARD, then its
-        FINISH), with every other result pending, and the group flushed; the LSN, or None if no
-        abort waited. Overlapped, the finish would otherwise wait for one more forward (issue 11's
-        abort latency). A forward still running (the process serves aborts during one) is not
-        waited for: a member finished by then has its segment skipped, as for a stop found late."""
-        if not (self.inflight and self._abort_waits_on_pending()):
+        FINISH), with every other result pending, and the group flushed with the aborts staged by
+        `abort(flush=False)`, which are answered once it is durable; the LSN, or None if there was
+        nothing to settle. Overlapped, the finish would otherwise wait for one more forward (issue
+        11's abort latency). A forward still running (the process serves aborts during one) is not
+        waited for: a member finished by then has its segment skipped, as for a stop found late.
+        `wait`: return once the group is durable, so the finish is not queued behind the next
+        forward (on a CPU its threads took the log writer's cores: 30-70 ms). Not under `periodic`,
+        where durable means the next timed sync."""
+        discards = bool(self.inflight) and self._abort_waits_on_pending()
+        if not (discards or self.unanswered_aborts):
             return None
-        self.num_abort_syncs += 1
-        self._process_all_pending()
-        return self.flush()
+        if discards:
+            self.num_abort_syncs += 1
+            self._process_all_pending()
+        replies, self.unanswered_aborts = self.unanswered_aborts, []
+
+        def answer(error: BaseException | None) -> None:
+            for reply, abort_answer in replies:
+                reply(abort_answer, error)
+
+        lsn = self.flush(answer)
+        if lsn is None:
+            answer(None)
+        elif wait and self.ledger.writer.durability is not Durability.PERIODIC:
+            self.ledger.writer.wait_durable(lsn)
+        return lsn
 
     def _answer_for_unlive(self, rid: str) -> AbortAnswer:
         try:

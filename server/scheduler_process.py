@@ -160,6 +160,7 @@ class SchedulerProcess:
             if not was_busy:
                 self._idle_wait()
             self._handle_arrived()
+            self.sched.settle_aborts(wait=True)  # durable before the next forward starts
             if not self.sched.is_idle:
                 self.sched.run_step()
                 if self.sched.is_idle and self.shutdown_deadline is None:
@@ -192,7 +193,8 @@ class SchedulerProcess:
 
     def _handle_arrived(self) -> None:
         """Handles every queued message in arrival order (the lock held; the receiver only appends).
-        The loop's `run_step` then settles aborts; the receiver settles them itself (`_receive_loop`)."""
+        Aborts are only staged here: the caller then settles the burst (`Scheduler.settle_aborts`),
+        so each burst's records are one group and one fsync."""
         while self._arrivals:
             self._handle(self._arrivals.popleft())
 
@@ -213,7 +215,7 @@ class SchedulerProcess:
                     continue
                 try:
                     self._handle_arrived()
-                    self.sched.settle_aborts()  # its group is flushed; the forward, if one runs, goes on
+                    self.sched.settle_aborts()  # one group for the burst; the forward, if one runs, goes on
                 finally:
                     self.lock.release()
         except BaseException as exc:  # noqa: BLE001 - as when the loop handles a message: fatal
@@ -295,7 +297,7 @@ class SchedulerProcess:
         if not rids:
             self.sender.send(AbortReplyMsg(msg.ticket, []))
         for rid in rids:
-            self.sched.abort(rid, source, collect)
+            self.sched.abort(rid, source, collect, flush=False)  # answered by the burst's settle_aborts
 
     def _maybe_send_stats(self, force: bool = False) -> None:
         now = time.monotonic()

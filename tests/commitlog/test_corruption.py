@@ -83,3 +83,25 @@ def test_truncated_data_file_is_reported_not_crashed(log_dir: Path, tmp_path: Pa
         assert proc.stdout.startswith("CorruptRecordError |"), (keep, proc.stdout)
         assert "truncated" in proc.stdout or "not a valid LMDB file" in proc.stdout
         assert "Traceback" not in proc.stderr
+
+
+def test_a_first_write_that_would_crash_the_process_refuses_the_open_with_the_salvage_command(
+        log_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Damage that only a write reaches (a free-list page: recovery's reads never touch it) crashed the
+    server inside LMDB (SIGBUS) at its first write. The preflight child now makes that write, aborted;
+    here the trial write itself is made to crash, as such a page makes it."""
+    import os
+    import signal
+
+    from commitlog.wal import Wal
+
+    _write_log(log_dir, num_requests=2)
+
+    def crash(_wal: Wal, _groups: object) -> None:
+        os.kill(os.getpid(), signal.SIGBUS)
+
+    monkeypatch.setattr(Wal, "trial_write", crash)
+    with pytest.raises(CorruptRecordError, match="tokenledger salvage"):
+        Ledger.open(log_dir, FAST)
+    monkeypatch.undo()
+    Ledger.open(log_dir, FAST).close()  # the refused open held nothing, and the log was not touched

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -23,3 +25,55 @@ def test_bench_offline_reports_throughput_and_batch1_decode_for_the_engine_and_h
     assert all(rate > 0 for rate in figures["output_tok_s"].values())
     assert set(figures["batch1_ms_per_token"]) == {"tokenledger", "hf_static"}
     assert "batch-1 decode" in ran.stdout
+
+
+def test_bench_offline_rounds_alternate_the_engines_and_report_the_median_of_their_ratios(tiny_checkpoint):
+    ran = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "bench", "offline", "--model-path", str(tiny_checkpoint("llama")),
+         "--num-prompts", "3", "--input-range", "4", "12", "--output-range", "2", "5", "--batch1-tokens", "4",
+         "--rounds", "3", "--log-durability", "none"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    figures = json.loads(ran.stdout.strip().splitlines()[-1])
+    rounds = figures["rounds"]
+    assert len(rounds) == 3 and all(set(r) == {"tokenledger", "hf_static"} for r in rounds)
+    # Each round draws its own prompts: the same shape, other tokens (no prefix cache serves a later round).
+    assert len(figures["output_tokens"]) == 3
+    per_round = sorted(r["tokenledger"] / r["hf_static"] for r in rounds)
+    assert figures["ratios"]["hf_static"] == pytest.approx(per_round[1])
+    assert figures["output_tok_s"]["tokenledger"] == pytest.approx(sorted(r["tokenledger"] for r in rounds)[1])
+    assert len(figures["batch1_rounds"]) == 3
+    b1 = sorted(r["tokenledger"] / r["hf_static"] for r in figures["batch1_rounds"])
+    assert figures["batch1_ratios"]["hf_static"] == pytest.approx(b1[1])
+
+
+FAKE_PEER = """
+import argparse, json, os, sys
+p = argparse.ArgumentParser()
+p.add_argument("--model"); p.add_argument("--warmup"); p.add_argument("--result-fd", type=int)
+a = p.parse_args()
+out = os.fdopen(a.result_fd, "w", buffering=1)
+out.write(json.dumps({"ready": True}) + "\\n")
+for line in sys.stdin:
+    work = json.loads(line)
+    if len(work["prompts"]) > 1:
+        print("peer: cannot run this", file=sys.stderr)
+        sys.exit(3)
+    out.write(json.dumps({"output_tok_s": 7.0, "output_tokens": sum(work["output_lens"]), "seconds": 1.0}) + "\\n")
+"""
+
+
+def test_the_vllm_peer_stays_loaded_between_rounds_and_a_failed_peer_is_reported_with_its_log(tmp_path, monkeypatch):
+    from contextlib import ExitStack
+
+    from ops import bench_offline
+
+    fake = tmp_path / "fake_peer.py"
+    fake.write_text(FAKE_PEER)
+    monkeypatch.setattr(bench_offline, "PEER_SCRIPT", fake)
+    one = bench_offline.Workload([[1, 2, 3]], [4])
+    with ExitStack() as stack:
+        peer = bench_offline.VLLMOffline(stack, sys.executable, tmp_path, one)
+        assert [peer.output_tok_s(one) for _ in range(2)] == [7.0, 7.0]  # one process, two rounds
+        with pytest.raises(RuntimeError, match=r"(?s)exit 3\).*peer: cannot run this"):
+            peer.output_tok_s(bench_offline.Workload([[1], [2]], [1, 1]))

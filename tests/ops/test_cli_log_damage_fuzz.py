@@ -260,7 +260,10 @@ def restart(log: Path) -> str:
     proc = ctx.Process(target=_restart_child, args=(str(log), send))
     proc.start()
     send.close()
-    verdict = recv.recv() if recv.poll(RESTART_TIMEOUT_S) else None
+    try:
+        verdict = recv.recv() if recv.poll(RESTART_TIMEOUT_S) else None
+    except EOFError:  # the child died before it answered: reported below as the crash it is
+        verdict = None
     proc.join(RESTART_TIMEOUT_S)
     if proc.is_alive():
         proc.kill()

@@ -28,6 +28,8 @@ def _wait_for(condition, timeout: float = WAIT_S) -> bool:
 
 
 def test_abort_arriving_mid_forward_is_finished_and_answered_before_that_forward_ends(tiny_checkpoint, tmp_path):
+    """Also: its ABORT_REQUESTED, the DISCARD and the FINISH are one group (one fsync on the abort's
+    path, not two in a row), and the answer goes out only after the final chunk."""
     log_dir = tmp_path / "log"
     with inproc_scheduler(tiny_checkpoint("llama"), log_dir, tmp_path) as proc:
         sent = proc.sender.sent  # type: ignore[attr-defined]
@@ -45,6 +47,16 @@ def test_abort_arriving_mid_forward_is_finished_and_answered_before_that_forward
             return handle
 
         proc.sched.runner.launch = launch_and_hold  # type: ignore[method-assign]
+        flush = proc.sched.flush
+        groups_while_held: list[int] = []
+
+        def counted_flush(*args, **kwargs):
+            lsn = flush(*args, **kwargs)
+            if held.is_set() and not release.is_set() and lsn is not None:
+                groups_while_held.append(lsn)  # only the receiver flushes while the loop is held
+            return lsn
+
+        proc.sched.flush = counted_flush  # type: ignore[method-assign]
         loop = threading.Thread(target=proc.serve)
         loop.start()
         try:
@@ -72,6 +84,10 @@ def test_abort_arriving_mid_forward_is_finished_and_answered_before_that_forward
         [answer] = answered()[0].answers
         assert answer.status is AbortStatus.ABORTED
         assert final_chunk()[0].finish["type"] == "abort"
+        assert len(groups_while_held) == 1, f"the abort took {len(groups_while_held)} groups"
+        order = [i for i, m in enumerate(sent) if isinstance(m, DeltasMsg) and any(
+            d.rid == "victim" and d.finish is not None for d in m.deltas)] + [sent.index(answered()[0])]
+        assert order == sorted(order), "the answer went out before the FINISH was durable and sent"
         shown = [t for m in sent if isinstance(m, DeltasMsg) for d in m.deltas if d.rid == "victim" for t in d.token_ids]
 
     reader = LogReader.open(log_dir)
