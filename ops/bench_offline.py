@@ -277,9 +277,9 @@ def run(args: argparse.Namespace) -> int:
             engines.append(peer)
         rounds = [{e.name: e.output_tok_s(work) for e in engines} for work in works]
         prompt = batch1_prompt(works[0])
-        timers = [e for e in engines if not isinstance(e, VLLMOffline)] if args.batch1_tokens >= 2 else []
-        batch1_rounds = [{e.name: ms for e in timers if (ms := e.batch1_ms(prompt, args.batch1_tokens)) is not None}
-                         for _ in range(args.rounds)] if timers else []
+        # An engine that does not time batch-1 (the peer) gives None.
+        batch1_rounds = [{e.name: ms for e in engines if (ms := e.batch1_ms(prompt, args.batch1_tokens)) is not None}
+                         for _ in range(args.rounds)] if args.batch1_tokens >= 2 else []
     _report(args, works, rounds, batch1_rounds, len(prompt))
     return 0
 
