@@ -18,7 +18,7 @@ _I32 = ctypes.c_int32
 
 @functools.cache
 def _kernel() -> Callable[..., int]:
-    fn = load("paged_attention.c").tl_paged_attention_f32
+    fn = load("paged_attention.c", openmp=True).tl_paged_attention_f32
     fn.argtypes = [_P, _P, _P, _P, _P, _P, _I32, _I32, _I32, _I32, ctypes.c_float, _P, _I32]
     fn.restype = ctypes.c_int
     return fn

@@ -21,6 +21,10 @@ import platformdirs
 
 SOURCE_DIR = Path(__file__).with_name("csrc")
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fPIC", "-shared", "-pthread", "-std=c11")
+# For a kernel that runs its loop on several threads: it then shares the process's OpenMP runtime. torch
+# loads its libgomp first, and the loader gives a later library asking for the same soname that copy, so
+# the kernel's team is the compiled graph's own warm threads rather than threads created per call.
+OPENMP_FLAGS = ("-fopenmp",)
 BUILD_TIMEOUT_S = 120
 
 
@@ -32,21 +36,31 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TOKENLEDGER_KERNEL_CACHE") or platformdirs.user_cache_dir("tokenledger")) / "kernels"
 
 
-def load(source_name: str) -> ctypes.CDLL:
-    """The shared library built from `csrc/<source_name>`, building it on first use."""
+def load(source_name: str, openmp: bool = False) -> ctypes.CDLL:
+    """The shared library built from `csrc/<source_name>`, building it on first use. `openmp`: built with
+    OpenMP where the compiler has it, else without (the source then keeps a pthread fallback)."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise NativeBuildError("no C compiler (cc or gcc) on PATH")
+    if openmp:
+        try:
+            return _load(compiler, source_name, (*FLAGS, *OPENMP_FLAGS))
+        except NativeBuildError:
+            pass  # no OpenMP runtime to link here
+    return _load(compiler, source_name, FLAGS)
+
+
+def _load(compiler: str, source_name: str, flags: tuple[str, ...]) -> ctypes.CDLL:
     source = (SOURCE_DIR / source_name).read_bytes()
-    library = cache_dir() / f"{Path(source_name).stem}-{_build_key(source, compiler)}.so"
+    library = cache_dir() / f"{Path(source_name).stem}-{_build_key(source, compiler, flags)}.so"
     if not library.exists():
-        _build(compiler, SOURCE_DIR / source_name, library)
+        _build(compiler, flags, SOURCE_DIR / source_name, library)
     return ctypes.CDLL(str(library))
 
 
-def _build_key(source: bytes, compiler: str) -> str:
+def _build_key(source: bytes, compiler: str, flags: tuple[str, ...]) -> str:
     digest = hashlib.sha256(source)
-    digest.update(" ".join((compiler, *FLAGS, platform.machine(), _cpu_flags())).encode())
+    digest.update(" ".join((compiler, *flags, platform.machine(), _cpu_flags())).encode())
     return digest.hexdigest()[:16]
 
 
@@ -60,12 +74,12 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _build(compiler: str, source: Path, library: Path) -> None:
+def _build(compiler: str, flags: tuple[str, ...], source: Path, library: Path) -> None:
     library.parent.mkdir(parents=True, exist_ok=True)
     fd, partial = tempfile.mkstemp(prefix=library.name, suffix=".part", dir=library.parent)
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *FLAGS, str(source), "-o", partial, "-lm"], capture_output=True, text=True,
+        done = subprocess.run([compiler, *flags, str(source), "-o", partial, "-lm"], capture_output=True, text=True,
                               timeout=BUILD_TIMEOUT_S, check=False)
         if done.returncode != 0:
             raise NativeBuildError(f"{compiler} could not build {source.name}: {done.stderr.strip()[-2000:]}")

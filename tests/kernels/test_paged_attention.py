@@ -67,17 +67,20 @@ def test_cpu_kernel_matches_torch_reference_on_extend_decode_and_mixed_batches(b
 
 
 def test_a_requests_result_does_not_depend_on_its_batch_or_thread_count():
-    """Bitwise: batch invariance is what lets `replay --reexecute` and overlap on/off agree exactly."""
-    reqs = [(300, 1), (17, 1), (120, 1), (64, 1)]
-    pool = Pool(600, 1, 2, 64)
-    layout = scattered_layout(reqs, 600, seed=5)
-    q = torch.randn(4, 8, 64)
+    """Bitwise: batch invariance is what lets `replay --reexecute` and overlap on/off agree exactly. The
+    batch is large enough (a 48-token extend over 400 cached) for the kernel to use its threads; each
+    request alone is small enough to run on the calling thread."""
+    reqs = [(300, 1), (17, 1), (120, 1), (64, 1), (400, 48)]
+    pool = Pool(1000, 1, 2, 64)
+    layout = scattered_layout(reqs, 1000, seed=5)
+    q = torch.randn(52, 8, 64)
     together = paged_attention(q, pool.k_buffers[0], pool.v_buffers[0], layout, 0.125, num_threads=4)
-    kv_ptr = layout.kv_indptr.tolist()
-    for r in range(4):
-        alone = BatchLayout.of_requests(layout.out_cache_loc[r : r + 1], [layout.kv_indices[kv_ptr[r] : kv_ptr[r + 1]]], [1])
-        single = paged_attention(q[r : r + 1], pool.k_buffers[0], pool.v_buffers[0], alone, 0.125, num_threads=1)
-        assert torch.equal(single[0], together[r]), r
+    kv_ptr, qo_ptr = layout.kv_indptr.tolist(), layout.qo_indptr.tolist()
+    for r, (_, new) in enumerate(reqs):
+        rows = slice(qo_ptr[r], qo_ptr[r + 1])
+        alone = BatchLayout.of_requests(layout.out_cache_loc[rows], [layout.kv_indices[kv_ptr[r] : kv_ptr[r + 1]]], [new])
+        single = paged_attention(q[rows], pool.k_buffers[0], pool.v_buffers[0], alone, 0.125, num_threads=1)
+        assert torch.equal(single, together[rows]), r
 
 
 def test_auto_picks_the_cpu_kernel_for_fp32_and_the_reference_for_other_dtypes():
