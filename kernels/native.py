@@ -25,6 +25,7 @@ FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-fPIC", "-
 # loads its libgomp first, and the loader gives a later library asking for the same soname that copy, so
 # the kernel's team is the compiled graph's own warm threads rather than threads created per call.
 OPENMP_FLAGS = ("-fopenmp",)
+LIBGOMP_SONAME = "libgomp.so.1"
 BUILD_TIMEOUT_S = 120
 
 
@@ -42,12 +43,22 @@ def load(source_name: str, openmp: bool = False) -> ctypes.CDLL:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise NativeBuildError("no C compiler (cc or gcc) on PATH")
-    if openmp:
+    # Only where the process already runs a libgomp under that soname: otherwise (a torch on another
+    # OpenMP runtime, or none) the build would load a second runtime whose workers compete with the first.
+    if openmp and process_libgomp() is not None:
         try:
             return _load(compiler, source_name, (*FLAGS, *OPENMP_FLAGS))
         except NativeBuildError:
             pass  # no OpenMP runtime to link here
     return _load(compiler, source_name, FLAGS)
+
+
+def process_libgomp() -> ctypes.CDLL | None:
+    """The libgomp this process already runs (torch's), never a copy loaded here; None where there is none."""
+    try:
+        return ctypes.CDLL(LIBGOMP_SONAME, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+    except OSError:
+        return None
 
 
 def _load(compiler: str, source_name: str, flags: tuple[str, ...]) -> ctypes.CDLL:

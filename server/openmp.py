@@ -11,21 +11,19 @@ decode forward, 2 vCPUs, best of 30 blocks of 100: 1.68-1.75 ms with the caller'
 from __future__ import annotations
 
 import ctypes
-import functools
-import os
+
+from kernels.native import process_libgomp
 
 _OMP_PAUSE_SOFT = 1  # OpenMP 5.0 omp_pause_resource_t: free the threads, keep nothing else
 
 
-@functools.cache
 def _libgomp() -> ctypes.CDLL | None:
-    """The libgomp this process already runs (torch's), never a second copy; None where there is none."""
-    try:
-        lib = ctypes.CDLL("libgomp.so.1", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-        pause = lib.omp_pause_resource_all
-    except (OSError, AttributeError):
+    """The libgomp this process already runs (torch's), never a second copy; None where there is none or
+    it predates OpenMP 5.0. Asked at each call: before torch is imported there is none yet."""
+    lib = process_libgomp()
+    if lib is None or not hasattr(lib, "omp_pause_resource_all"):
         return None
-    pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+    lib.omp_pause_resource_all.argtypes, lib.omp_pause_resource_all.restype = [ctypes.c_int], ctypes.c_int
     return lib
 
 

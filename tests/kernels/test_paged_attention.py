@@ -99,3 +99,17 @@ def test_kernels_package_never_imports_the_server():
             "assert not bad, bad")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_openmp_build_is_used_only_where_the_process_already_runs_libgomp(monkeypatch):
+    """Without a libgomp already loaded (a torch on another OpenMP runtime), an OpenMP build would bring
+    in a second runtime whose workers compete with the first: the plain build is loaded instead."""
+    import kernels.native as native
+
+    with_runtime = native.load("paged_attention.c", openmp=True)
+    plain = native.load("paged_attention.c")
+    if native.process_libgomp() is None:
+        pytest.skip("this process runs no libgomp")
+    assert with_runtime._name != plain._name  # torch's libgomp is there: the OpenMP build
+    monkeypatch.setattr(native, "process_libgomp", lambda: None)
+    assert native.load("paged_attention.c", openmp=True)._name == plain._name
