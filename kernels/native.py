@@ -39,7 +39,8 @@ def cache_dir() -> Path:
 
 def load(source_name: str, openmp: bool = False) -> ctypes.CDLL:
     """The shared library built from `csrc/<source_name>`, building it on first use. `openmp`: built with
-    OpenMP where the compiler has it, else without (the source then keeps a pthread fallback)."""
+    OpenMP where the compiler has it and the process runs a libgomp, else without (the source then keeps a
+    pthread fallback)."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise NativeBuildError("no C compiler (cc or gcc) on PATH")
