@@ -67,7 +67,6 @@ class Engine:
         self._failure: BaseException | None = None
         self._stopping = False  # set on the loop's thread when a stop arrives; it then drains
         self.runtime: Runtime = build_runtime(self.args, log_dir, self._on_durable)
-        release_thread_pool()  # loaded and warmed here, run on the loop's thread: one OpenMP pool, not two
         self.tokenizer = self.runtime.tokenizer
         self._builder = RequestBuilder(self.tokenizer, self.runtime.limits, self.args.random_seed)
         freeze_startup_heap(collect_first=False)  # thawed at shutdown
@@ -92,8 +91,9 @@ class Engine:
         call = GenerateCall(prompt, input_ids, sampling_params, return_logprob, top_logprobs_num,
                             logprob_start_len, return_hidden_states, rid)
         specs, is_batch = self._builder.build(call)
-        # The caller may have run parallel torch work of its own since (a baseline in the same process):
-        # while it waits here, the loop's OpenMP pool is the only one (server.openmp).
+        # Forwards run on the loop's thread, and only for what is submitted here: the caller's own OpenMP
+        # pool (from building the model in __init__, or its own parallel torch work since, such as a
+        # baseline in the same process) is ended first, so the loop's is the only one (server.openmp).
         release_thread_pool()
         waiters = self._submit([Req.from_spec(s) for s in specs])
         for w in waiters:

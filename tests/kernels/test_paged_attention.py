@@ -106,10 +106,10 @@ def test_the_openmp_build_is_used_only_where_the_process_already_runs_libgomp(mo
     in a second runtime whose workers compete with the first: the plain build is loaded instead."""
     import kernels.native as native
 
-    with_runtime = native.load("paged_attention.c", openmp=True)
-    plain = native.load("paged_attention.c")
     if native.process_libgomp() is None:
         pytest.skip("this process runs no libgomp")
+    with_runtime = native.load("paged_attention.c", openmp=True)
+    plain = native.load("paged_attention.c")
     assert with_runtime._name != plain._name  # torch's libgomp is there: the OpenMP build
     monkeypatch.setattr(native, "process_libgomp", lambda: None)
     assert native.load("paged_attention.c", openmp=True)._name == plain._name
