@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import tempfile
@@ -189,12 +190,21 @@ class HFStaticOffline:
 class VLLMOffline:
     """vLLM's offline `LLM` in another interpreter (ops/peer_vllm_offline.py), kept loaded between
     rounds: one JSON workload a line on its stdin, one JSON result a line on a pipe of its own
-    (vLLM's logs go to a file)."""
+    (vLLM's logs go to a file).
+
+    Stopped (SIGSTOP, its whole process group) outside its own turns: an idle `LLM` keeps ~34 % of a CPU
+    busy polling (measured: 3 s windows between rounds, its engine-core and worker processes), which
+    the engine being timed beside it would lose. Ours and HF block while idle."""
 
     name = "vllm"
 
     def __init__(self, stack: ExitStack, python: str, model_dir: Path, warmup: Workload) -> None:
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
+        from server import SPIN_COUNT_SET_HERE
+        from server.openmp import without_spin_default
+
+        # The peer runs as its users run it: without the OpenMP spin count `import server` set for us.
+        env = {**without_spin_default(dict(os.environ), SPIN_COUNT_SET_HERE),
+               "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")}
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tokenledger-peer-")))
         (tmp / "warmup.json").write_text(json.dumps(asdict(warmup)))
         self._log = (tmp / "vllm.log").open("w")
@@ -204,13 +214,21 @@ class VLLMOffline:
             [python, str(PEER_SCRIPT), "--model", str(model_dir), "--warmup", str(tmp / "warmup.json"),
              "--result-fd", str(write_fd)],
             stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT, text=True, env=env,
-            pass_fds=(write_fd,))
+            pass_fds=(write_fd,), start_new_session=True)  # its own process group: paused as one
         os.close(write_fd)  # the child's copy is the only one left: its exit ends our reads
         stack.callback(self._stop)
         self._results: IO[str] = os.fdopen(read_fd)
         stack.callback(self._results.close)
         self._log_path = tmp / "vllm.log"
         self._read()  # {"ready": true}: loaded and warmed up
+        self._signal(signal.SIGSTOP)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        """To the peer and every process it started (they share its process group)."""
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass  # gone already: its exit is reported by the read that finds its pipe closed
 
     def _read(self) -> dict[str, Any]:
         line = self._results.readline()
@@ -221,6 +239,7 @@ class VLLMOffline:
         return dict(json.loads(line))
 
     def _stop(self) -> None:
+        self._signal(signal.SIGCONT)  # a stopped process cannot read its end of input
         if self.proc.stdin is not None and not self.proc.stdin.closed:
             self.proc.stdin.close()  # end of input: the peer exits
         try:
@@ -231,9 +250,13 @@ class VLLMOffline:
 
     def output_tok_s(self, work: Workload) -> float:
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(asdict(work)) + "\n")
-        self.proc.stdin.flush()
-        result = self._read()
+        self._signal(signal.SIGCONT)
+        try:
+            self.proc.stdin.write(json.dumps(asdict(work)) + "\n")
+            self.proc.stdin.flush()
+            result = self._read()
+        finally:
+            self._signal(signal.SIGSTOP)
         if int(result["output_tokens"]) != work.output_tokens:
             raise RuntimeError(f"vLLM produced {result['output_tokens']} tokens, the workload asked {work.output_tokens}")
         return float(result["output_tok_s"])

@@ -24,7 +24,7 @@ from commitlog import DoomSource, RequestRefusedError
 from server.config import ServerArgs
 from server.errors import EngineStoppedError, InvalidRequestError
 from server.heap import freeze_startup_heap, thaw_heap
-from server.openmp import release_thread_pool
+from server.openmp import DEFAULT_SPIN_COUNT, SPIN_COUNT_VAR, release_thread_pool, spin_count_chosen
 from server.outputs import AbortAnswer, RequestDelta
 from server.request import Req
 from server.request_builder import GenerateCall, RequestBuilder
@@ -66,6 +66,10 @@ class Engine:
         self._lock = threading.Lock()
         self._failure: BaseException | None = None
         self._stopping = False  # set on the loop's thread when a stop arrives; it then drains
+        if not spin_count_chosen():
+            log.warning("openmp_default_spin", detail=f"torch was imported before server, so its OpenMP workers "
+                        f"spin ~20x longer than tokenledger sets: ~20 % less throughput on a machine with no core "
+                        f"to spare. Import server first, or set {SPIN_COUNT_VAR}={DEFAULT_SPIN_COUNT}.")
         self.runtime: Runtime = build_runtime(self.args, log_dir, self._on_durable)
         self.tokenizer = self.runtime.tokenizer
         self._builder = RequestBuilder(self.tokenizer, self.runtime.limits, self.args.random_seed)

@@ -52,7 +52,12 @@ for line in sys.stdin:
 """
 
 
-def test_the_vllm_peer_stays_loaded_between_rounds_and_a_failed_peer_is_reported_with_its_log(tmp_path, monkeypatch):
+def _state(pid: int) -> str:
+    """The process's state letter (T: stopped by a signal)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_the_vllm_peer_stays_loaded_and_stopped_between_rounds_and_a_failed_peer_is_reported_with_its_log(tmp_path, monkeypatch):
     from contextlib import ExitStack
 
     from ops import bench_offline
@@ -63,6 +68,8 @@ def test_the_vllm_peer_stays_loaded_between_rounds_and_a_failed_peer_is_reported
     one = bench_offline.Workload([[1, 2, 3]], [4])
     with ExitStack() as stack:
         peer = bench_offline.VLLMOffline(stack, sys.executable, tmp_path, one)
+        assert _state(peer.proc.pid) == "T"  # stopped outside its turns: an idle peer polls, taking CPU
         assert [peer.output_tok_s(one) for _ in range(2)] == [7.0, 7.0]  # one process, two rounds
+        assert _state(peer.proc.pid) == "T"
         with pytest.raises(RuntimeError, match=r"(?s)exit 3\).*peer: cannot run this"):
             peer.output_tok_s(bench_offline.Workload([[1], [2]], [1, 1]))
