@@ -41,7 +41,6 @@ def test_releasing_the_pool_ends_this_threads_openmp_workers_and_a_later_region_
     assert int(again) == int(with_pool), out.stdout
 
 
-
 def _spin_after(imports: str, **env: str) -> list[str]:
     """In a fresh process with `env` added (the wait variables removed first): the spin count in its
     environment after `imports`, and what `import server` reported."""
