@@ -111,9 +111,12 @@ def test_abort_after_collect_accepted_but_before_its_generate_was_read_wins_with
     assert [(a.status, a.completion_tokens) for a in answers] == [(AbortStatus.ABORTED, 0)]
     logged = _logged(log_dir, "early-abort-collect")
     assert logged["status"] == "aborted" and logged["finish_reason"]["type"] == "abort"
-    # I2: the scheduler read the generate, then the abort, before any step: removed while
-    # waiting, without any forward (nothing committed, nothing discarded).
-    assert logged["completion_tokens"] == 0 and logged["num_commits"] == 0 and logged["discarded_results"] == 0
+    # I2: nothing committed. Usually the scheduler reads the generate and the abort together and removes
+    # the request while it waits, with no forward. The pause does not guarantee that both are read in one
+    # go after SIGCONT (one clean-clone run logged a discarded result here): then one prefill launched
+    # first, and its result was discarded, which is I2 too.
+    assert logged["completion_tokens"] == 0 and logged["num_commits"] == 0
+    assert logged["discarded_results"] in (0, 1)
 
 
 def test_abort_of_an_accepted_stream_before_its_body_is_read_wins_with_zero_tokens(model_dir, tmp_path):
@@ -137,7 +140,7 @@ def test_abort_of_an_accepted_stream_before_its_body_is_read_wins_with_zero_toke
     assert [(a.status, a.completion_tokens) for a in answers] == [(AbortStatus.ABORTED, 0)]
     logged = _logged(log_dir, "early-abort-stream")
     assert logged["status"] == "aborted" and logged["completion_tokens"] == 0 and logged["num_commits"] == 0
-    assert logged["discarded_results"] == 0
+    assert logged["discarded_results"] in (0, 1)  # one prefill may launch first (see the test above)
 
 
 def test_an_accepted_request_nobody_reads_is_aborted_when_its_response_is_released(model_dir, tmp_path):
