@@ -52,7 +52,7 @@ def default_spin_count() -> bool:
     """Sets GOMP_SPINCOUNT to DEFAULT_SPIN_COUNT for the libgomp torch will load; True if it did. Not where
     the user set GOMP_SPINCOUNT or OMP_WAIT_POLICY, nor once a libgomp is loaded (it read its environment
     then, and a later change would only mislead whoever reads ours)."""
-    if any(name in os.environ for name in _USER_WAIT_VARS) or process_libgomp() is not None:
+    if spin_count_chosen() or process_libgomp() is not None:
         return False
     os.environ[SPIN_COUNT_VAR] = DEFAULT_SPIN_COUNT
     return True
