@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from kernels.row_gather import gather_row_prefixes
+from kernels.row_gather import decode_layout, gather_row_prefixes
 
 
 class KVBuffer(Protocol):
@@ -67,6 +67,24 @@ class BatchLayout:
         zero = torch.zeros(1, dtype=torch.int64, device=table.device)
         return cls(out_cache_loc, torch.cat((zero, extend_lens.cumsum(0))), torch.cat((zero, kv_lens.cumsum(0))),
                    indices, is_decode, widest)
+
+    @classmethod
+    def of_decode(cls, slots: torch.Tensor, table: torch.Tensor, rows: list[int],
+                  positions: list[int]) -> tuple[BatchLayout, torch.Tensor]:
+        """A decode batch: request i's new token, at `positions[i]`, takes `slots[i]` in table row
+        `rows[i]` (written here) and attends to that row's first positions[i] + 1 slots. Returns the
+        layout and the positions as a tensor."""
+        widest = max(positions, default=-1) + 1
+        native = decode_layout(table, rows, positions, slots)
+        if native is not None:
+            pos, qo, kv, indices = native
+            return cls(slots, qo, kv, indices, True, widest), pos
+        device = table.device
+        row_ids = torch.tensor(rows, dtype=torch.int64, device=device)
+        pos = torch.tensor(positions, dtype=torch.int64, device=device)
+        table[row_ids, pos] = slots
+        ones = torch.ones(len(rows), dtype=torch.int64, device=device)
+        return cls.of_table(slots, table, row_ids, pos + 1, ones, widest=widest, is_decode=True), pos
 
     def then(self, other: BatchLayout) -> BatchLayout:
         """This batch's requests followed by `other`'s, as one layout (a mixed extend + decode forward)."""

@@ -2,6 +2,8 @@
 marks each sampled token's future-map slot."""
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from kernels.backend import BatchLayout
@@ -54,22 +56,19 @@ class BatchBuilder:
         # position p takes entry p: a decoding request's allocation is its KV length).
         slots = self.kv_pool.alloc(len(reqs))
         assert slots is not None, "KV reservation broken in decode"  # admission reserved max_new_tokens
-        rows = self._rows(reqs)
-        pos = torch.tensor(positions, dtype=torch.int64, device=self.device)
         assert all(r.kv_allocated_len == p for r, p in zip(reqs, positions)), "KV length out of step with position"
-        self.req_pool.table[rows, pos] = slots
+        rows = [r.pool_row for r in reqs]
+        assert None not in rows, "a decoding request without a table row"
+        layout, pos = BatchLayout.of_decode(slots, self.req_pool.table, cast(list[int], rows), positions)
         for r in reqs:
             r.kv_allocated_len += 1
-        layout = BatchLayout.of_table(slots, self.req_pool.table, rows, pos + 1,
-                                      torch.ones(len(reqs), dtype=torch.int64, device=self.device),
-                                      widest=max(positions, default=-1) + 1, is_decode=True)
         if self.device.type != "cpu":
             layout = layout.with_host_indptrs([1] * len(reqs), [p + 1 for p in positions])
         return ForwardBatch(
             mode=ForwardMode.DECODE, reqs=list(reqs), extend_lens=[1] * len(reqs), prefix_lens=positions,
             input_ids=torch.tensor(inputs, device=self.device), positions=pos, layout=layout,
             samples=[True] * len(reqs), input_logprob_targets=[[] for _ in reqs],
-            future_slots=[self._publish(r) for r in reqs],
+            future_slots=[self._publish(r) for r in reqs], num_placeholders=sum(r.inflight_tokens > 0 for r in reqs),
         )
 
     def mixed(self, chosen: list[tuple[Req, int]], decoding: list[Req]) -> ForwardBatch:
@@ -81,7 +80,7 @@ class BatchBuilder:
             prefix_lens=ext.prefix_lens + dec.prefix_lens, input_ids=torch.cat((ext.input_ids, dec.input_ids)),
             positions=torch.cat((ext.positions, dec.positions)), layout=ext.layout.then(dec.layout),
             samples=ext.samples + dec.samples, input_logprob_targets=ext.input_logprob_targets + dec.input_logprob_targets,
-            future_slots=ext.future_slots + dec.future_slots,
+            future_slots=ext.future_slots + dec.future_slots, num_placeholders=dec.num_placeholders,
         )
 
     def _rows(self, reqs: list[Req]) -> torch.Tensor:

@@ -36,6 +36,8 @@ class ForwardBatch:
     input_logprob_targets: list[list[int]]
     # one future-map slot per sampling request, in packed order: where its token is published.
     future_slots: list[int]
+    # input ids that are future-map placeholders (counted on the host, so the runner need not ask the tensor)
+    num_placeholders: int = 0
 
     @property
     def num_tokens(self) -> int:

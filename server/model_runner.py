@@ -20,7 +20,7 @@ import torch
 from kernels.registry import BackendUnavailableError, create_backend
 from server.cuda_overlap import ComputeStream
 from server.errors import ConfigError
-from server.forward_batch import BatchResult, ForwardBatch
+from server.forward_batch import BatchResult, ForwardBatch, ForwardMode
 from server.memory import TokenToKVPool
 from server.models.causal_lm import CausalLM
 from server.sampling.penalties import AdjustRow, TokenCounts, adjust_logits
@@ -94,9 +94,12 @@ class ModelRunner:
 
     def _run(self, batch: ForwardBatch) -> PendingResult:
         ids = batch.input_ids
-        placeholders = ids < 0
-        # On a device, asking whether any placeholder is present would wait for the device: resolve always.
-        if ids.is_cuda or bool(placeholders.any()):
+        # The builder counted the placeholders on the host: no question to the tensor (on a device, one
+        # would wait for it), and one lookup when every input is one (a decode behind its last step).
+        if batch.num_placeholders == ids.numel():
+            ids = self.future_tokens[torch.rsub(ids, -1)]
+        elif batch.num_placeholders:
+            placeholders = ids < 0
             ids = torch.where(placeholders, self.future_tokens[(-ids - 1).clamp(min=0)], ids)
         pending = self._forward(batch, ids)
         if batch.future_slots:
@@ -108,13 +111,15 @@ class ModelRunner:
     def _forward(self, batch: ForwardBatch, input_ids: torch.Tensor) -> PendingResult:
         num_positions = max((p + n for p, n in zip(batch.prefix_lens, batch.extend_lens)), default=0)
         hidden = self.model(input_ids, batch.positions, self.attention.plan(batch.layout), num_positions)
-        ends = torch.tensor(batch.extend_lens, device=self.device).cumsum(0)
         sampling = [i for i, s in enumerate(batch.samples) if s]
-        if sampling:
-            sample_rows = ends[torch.tensor(sampling, device=self.device)] - 1
+        if batch.mode is ForwardMode.DECODE:
+            sampled_hidden = hidden  # one row per request, each sampled: the rows already are the sampled ones
+        elif sampling:
+            ends = torch.tensor(batch.extend_lens, device=self.device).cumsum(0)
+            sampled_hidden = hidden[ends[torch.tensor(sampling, device=self.device)] - 1]
         else:
-            sample_rows = torch.zeros(0, dtype=torch.int64, device=self.device)
-        logits = self.model.logits(hidden[sample_rows])
+            sampled_hidden = hidden[:0]
+        logits = self.model.logits(sampled_hidden)
         # Constrained requests: their matchers hold every committed token (the scheduler never
         # launches one with a token pending), so the mask is exact for this step.
         grammars = [batch.reqs[i].grammar if batch.reqs[i].is_grammar_active else None for i in sampling]
@@ -125,23 +130,23 @@ class ModelRunner:
         params = [batch.reqs[i].params for i in sampling]
         adjust = None
         if any(batch.reqs[i].adjusts_logits for i in sampling):  # the zero-cost path: one flag per row
-            adjust = partial(adjust_logits, rows=self._adjust_rows(batch, sampling, sample_rows, logits),
+            adjust = partial(adjust_logits, rows=self._adjust_rows(batch, sampling, logits),
                              eos_ids=self.eos_ids)
         sampled = sample(logits, params, [batch.reqs[i].rng for i in sampling], batch.top_logprobs_max,
                          adjust)
         hidden_rows = [j for j, i in enumerate(sampling) if batch.reqs[i].logprob.return_hidden_states]
         return PendingResult(
             sampled.token_ids, sampled.logprobs, sampled.top_ids, sampled.top_logprobs,
-            self._input_logprobs(batch, hidden), hidden[sample_rows[hidden_rows]].float(),
+            self._input_logprobs(batch, hidden), sampled_hidden[hidden_rows].float(),
         )
 
-    def _adjust_rows(self, batch: ForwardBatch, sampling: list[int], sample_rows: torch.Tensor,
-                     logits: torch.Tensor) -> list[AdjustRow]:
+    def _adjust_rows(self, batch: ForwardBatch, sampling: list[int], logits: torch.Tensor) -> list[AdjustRow]:
         rows = []
-        for j, i in enumerate(sampling):
+        for i in sampling:
             req = batch.reqs[i]
-            # The input row's position says how many output tokens precede the one sampled here.
-            num_outputs = int(batch.positions[sample_rows[j]]) - req.prompt_len + 1
+            # The sampled row's position (its segment's last, prefix + new - 1) says how many output
+            # tokens precede the one sampled here.
+            num_outputs = batch.prefix_lens[i] + batch.extend_lens[i] - req.prompt_len
             if req.params.has_penalties and req.counts is None:
                 # Built from committed state only; from here on only a commit adds to it.
                 req.counts = TokenCounts(req.prompt_ids, req.output_ids, logits.device)

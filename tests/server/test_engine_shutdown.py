@@ -26,9 +26,12 @@ def test_engine_shutdown_aborts_live_requests_logged_and_frees_their_kv(tiny_che
     for t in threads:
         t.start()
     deadline = time.monotonic() + 30
-    while not engine.scheduler.running and time.monotonic() < deadline:
+    # Both must have reached the scheduler: a generate still on its way when the shutdown lands is
+    # refused instead (EngineStoppedError), which is not what this test is about.
+    while not (engine.scheduler.running and engine.scheduler.waiting) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert engine.scheduler.running, "the first request never started"
+    assert engine.scheduler.waiting, "the second request never reached the queue"
     pool = engine.scheduler.kv_pool
     engine.shutdown()
     for t in threads:
