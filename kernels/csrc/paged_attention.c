@@ -37,10 +37,13 @@ typedef struct {
 
 #define ITEMS_PER_GRAB 4
 /* Key rows visited (all query rows, all kv heads) below which the call runs on the calling thread alone.
- * With a helper thread created per call, a batch-2 decode of the tiny model (KV 200) spent 0.51 ms a layer
- * here (the helper waited for the CPU torch's OpenMP worker held); its whole batch-8 forward took 1.1 ms
- * with the kernel serial against 2.4-2.8 ms with the helper. A batch-8 decode at KV 200 is 3,200 visits. */
-#define SERIAL_KEY_VISITS 16384
+ * It was 16,384 while a helper thread was created per call (a batch-2 decode of the tiny model at KV 200
+ * then spent 0.51 ms a layer waiting for it). On the process's OpenMP team, already awake from the
+ * compiled graph's loops, a lower bar wins: offline rounds of the tiny model (48 requests, decode batches
+ * of ~30 at KV ~250, i.e. ~15,000 visits, were all serial), same process, ABBA over 16 pairs: 2,048
+ * against 16,384 a median 1.084x the throughput (14 of 16 above 1); 512 against 2,048 1.006x (8 of 16).
+ * A batch-1 decode (2 x its KV length in visits) stays serial up to KV 1,024. */
+#define SERIAL_KEY_VISITS 2048
 #define PREFETCH_AHEAD 16 /* slots: about a DRAM latency's worth of the loop's work at head dim 32 */
 
 /* Asks for the `floats` floats at `offset` of each of `n` pool rows, ahead of their use (read, keep in
