@@ -83,4 +83,4 @@ def test_a_decode_layout_the_native_code_cannot_write_gets_none_and_leaves_the_t
     assert row_gather.decode_layout(torch.zeros(4, 2, dtype=torch.int64).t(), [0], [1], slots) is None
     table = torch.zeros(2, 4, dtype=torch.int64)
     assert row_gather.decode_layout(table, [0], [1], torch.tensor([5.0])) is None  # slots not int64
-    assert not int32_table.any()
+    assert not int32_table.any() and not table.any()
