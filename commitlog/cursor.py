@@ -35,5 +35,10 @@ class BatchCursors:
         return cls(PackedCursor(), PackedCursor(), PackedCursor())
 
     def take(self, num_logprobs: int, num_hidden: int, num_input_logprobs: int = 0) -> tuple[slice, slice, slice]:
-        return (self.logprobs.take(num_logprobs), self.hidden_states.take(num_hidden),
-                self.input_logprobs.take(num_input_logprobs))
+        # PackedCursor.take three times, inlined: this runs once per request per step.
+        if num_logprobs < 0 or num_hidden < 0 or num_input_logprobs < 0:
+            raise ValueError(f"segment lengths must be >= 0, got {(num_logprobs, num_hidden, num_input_logprobs)}")
+        lp, hs, ilp = self.logprobs, self.hidden_states, self.input_logprobs
+        a, b, c = lp.offset, hs.offset, ilp.offset
+        lp.offset, hs.offset, ilp.offset = a + num_logprobs, b + num_hidden, c + num_input_logprobs
+        return slice(a, a + num_logprobs), slice(b, b + num_hidden), slice(c, c + num_input_logprobs)

@@ -85,17 +85,20 @@ class Delta:
     input_top_logprobs: list[TopLogprobs] = field(default_factory=list)
 
     def to_payload(self) -> Payload:
+        # Built once per request per step: the optional keys are added only when set, and the
+        # key order ("pc" first, "itop" last) is the one every COMMIT has been written with.
         fin = None if self.finish_reason is None else [self.finish_reason.value, self.finish_matched]
-        extra: Payload = {"pc": self.cached_tokens} if self.cached_tokens else {}
-        return extra | {
+        top = self.output_top_logprobs
+        body: Payload = {
             "ids": self.output_ids, "lp": self.output_logprobs,
-            "top": [[list(p) for p in top] for top in self.output_top_logprobs],
+            "top": [[list(p) for p in t] for t in top] if top else [],
             "ilp": self.input_logprobs, "hs": self.hidden_states,
             "g": self.num_grammar_tokens, "rc": self.num_reasoning_tokens,
             "re": self.is_reasoning_ended, "wm": self.kv_committed_len, "fin": fin,
-            # Only when asked for (top_logprobs_num with prompt logprobs): most COMMITs stay as they were.
-            **({"itop": [[list(p) for p in top] for top in self.input_top_logprobs]} if self.input_top_logprobs else {}),
         }
+        if self.input_top_logprobs:  # only when asked for (top_logprobs_num with prompt logprobs)
+            body["itop"] = [[list(p) for p in t] for t in self.input_top_logprobs]
+        return {"pc": self.cached_tokens, **body} if self.cached_tokens else body
 
     @classmethod
     def from_payload(cls, p: Payload) -> Delta:

@@ -11,22 +11,25 @@ Finish = tuple[FinishReason, int | str | None]
 
 
 def check_finish(
-    output_ids: Sequence[int], prompt_len: int, params: SamplingParams, eos_ids: frozenset[int],
+    committed: Sequence[int], token: int, prompt_len: int, params: SamplingParams, eos_ids: frozenset[int],
     context_len: int, detokenize: Detokenize,
 ) -> Finish | None:
-    """`output_ids` includes the token being staged. Returns (reason, matched) or None."""
+    """Would staging `token` after the `committed` output finish the request? (reason, matched) or None.
+
+    The staged token comes apart from the committed ids so that the common case (no stop
+    strings) never copies a request's whole output once per step."""
+    num_out = len(committed) + 1
     # Order follows SGLang: the length limit wins over a stop that lands on the same token.
-    if len(output_ids) >= params.max_new_tokens:
+    if num_out >= params.max_new_tokens:
         return FinishReason.LENGTH, params.max_new_tokens
-    if prompt_len + len(output_ids) >= context_len:
-        return FinishReason.LENGTH, len(output_ids)
-    if len(output_ids) < params.min_new_tokens:
+    if prompt_len + num_out >= context_len:
+        return FinishReason.LENGTH, num_out
+    if num_out < params.min_new_tokens:
         return None  # the sampler masks EOS and stop ids until then; stop strings wait too (as in vLLM)
-    last = output_ids[-1]
-    if last in params.stop_token_ids or (not params.ignore_eos and last in eos_ids):
-        return FinishReason.STOP, last
+    if token in params.stop_token_ids or (not params.ignore_eos and token in eos_ids):
+        return FinishReason.STOP, token
     if params.stop:
-        return _check_stop_strings(output_ids, params.stop, detokenize)
+        return _check_stop_strings([*committed, token], params.stop, detokenize)
     return None
 
 

@@ -43,19 +43,23 @@ def process_result(
     step = ledger.step()
     cursors = BatchCursors.start()
     finished: list[Req] = []
+    # Read once: this loop runs for every request of every step.
+    samples_of, targets_of = batch.samples, batch.input_logprob_targets
+    watermarks = [p + e for p, e in zip(batch.prefix_lens, batch.extend_lens)]
     for i, req in enumerate(batch.reqs):
-        samples = batch.samples[i]
-        lp, hs, ilp = cursors.take(int(samples), int(samples and req.logprob.return_hidden_states),
-                                   len(batch.input_logprob_targets[i]))
-        if req.is_finished:
+        samples = samples_of[i]
+        lp, hs, ilp = cursors.take(samples, samples and req.logprob.return_hidden_states, len(targets_of[i]))
+        state = req.state
+        if state.finish_reason is not None:
             continue  # finished while this result was pending: its segment is skipped, unlogged
         txn = step.open(req.rid, req.grammar, req.counts)
-        delta = RequestDelta(rid=req.rid)
-        _stage_input_logprobs(txn, req, result, ilp, delta)
-        if req.state.num_commits == 0 and req.cached_len:
+        delta = RequestDelta(req.rid, [], [], [], [], [], [])
+        if ilp.stop > ilp.start:
+            _stage_input_logprobs(txn, req, result, ilp, delta)
+        if state.num_commits == 0 and req.cached_len:
             txn.note_cached_prefix(req.cached_len)
         # Absolute: a cache hit's first segment starts past the prefix it did not compute.
-        txn.advance_watermark(batch.prefix_lens[i] + batch.extend_lens[i])
+        txn.advance_watermark(watermarks[i])
         rejected = None
         if samples:  # a decode, or a prompt's final chunk; a middle chunk commits only its progress
             rejected = _stage_sampled(txn, req, result, lp.start, hs.start if hs.stop > hs.start else None, rules, delta)
@@ -85,7 +89,8 @@ def _stage_sampled(
         row = result.hidden_states[hidden]
         txn.add_hidden_state(row.numpy().astype(np.float32).tobytes())
         delta.hidden_states.append(row.tolist())
-    if req.params.max_new_tokens == 0:
+    params = req.params
+    if params.max_new_tokens == 0:
         # Prompt-only request: the prefill ran for its input logprobs; no token is kept.
         txn.set_finish(FinishReason.LENGTH, 0)
         return None
@@ -101,13 +106,13 @@ def _stage_sampled(
         delta.logprobs.append(logprob)
     if top is not None:
         delta.top_logprobs.append(top)
-    masked = req.is_grammar_active  # decided on the committed state, as the sampler's mask was
+    committed = req.state.output_ids
+    masked = req.grammar is not None and req.is_grammar_active  # decided on the committed state, as the sampler's mask was
     if req.reasoning is not None and (reasoning := req.reasoning.step(req.state, token)) is not None:
         txn.add_reasoning(*reasoning)
     if masked and not txn.accept_grammar(token):
-        return f"grammar rejected token {token} ({rules.detokenize([token])!r}) after {len(req.output_ids)} output token(s)"
-    finish = check_finish([*req.output_ids, token], req.prompt_len, req.params, rules.eos_ids,
-                          rules.context_len, rules.detokenize)
+        return f"grammar rejected token {token} ({rules.detokenize([token])!r}) after {len(committed)} output token(s)"
+    finish = check_finish(committed, token, req.prompt_len, params, rules.eos_ids, rules.context_len, rules.detokenize)
     if finish is None and masked and req.grammar is not None and req.grammar.is_terminated:
         finish = (FinishReason.STOP, token)  # the grammar is complete (its stop token accepted)
     if finish is not None:

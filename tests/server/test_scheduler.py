@@ -67,7 +67,7 @@ def test_max_new_tokens_zero_returns_no_tokens_but_input_logprobs(tiny_checkpoin
 
 
 def _check(output: list[int], context_len: int = 100, **params: object):
-    found = check_finish(output, 3, SamplingParams(**params), frozenset({7}), context_len, str)
+    found = check_finish(output[:-1], output[-1], 3, SamplingParams(**params), frozenset({7}), context_len, str)
     return None if found is None else found[0]
 
 

@@ -22,7 +22,7 @@ def _ids(text: str) -> list[int]:
 
 def _check(out: list[int], stop: str):
     params = SamplingParams(max_new_tokens=1000, stop=(stop,))
-    return check_finish(out, 0, params, frozenset(), 10_000, detokenize)
+    return check_finish(out[:-1], out[-1], 0, params, frozenset(), 10_000, detokenize)
 
 
 def test_stop_string_spanning_two_special_tokens_is_found():
