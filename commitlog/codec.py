@@ -9,6 +9,7 @@ import hashlib
 import struct
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,12 +104,19 @@ def _crc(version: int, kind: int, chain_hash: bytes, body: bytes) -> int:
     return zlib.crc32(body, zlib.crc32(chain_hash, zlib.crc32(bytes((version, kind)))))
 
 
-def encode_value(lsn: int, entry: Entry, ts_ns: int, prev_hash: bytes) -> tuple[bytes, bytes]:
-    """Return (value, chain_hash) for `entry` at `lsn`, chained after `prev_hash`."""
-    body = msgpack.packb([lsn, int(entry.kind), ts_ns, entry.rid, entry.payload])
-    chain_hash = chain(prev_hash, body)
-    crc = _crc(FORMAT_VERSION, entry.kind, chain_hash, body)
-    return _HEADER.pack(FORMAT_VERSION, entry.kind, crc, chain_hash) + body, chain_hash
+# The CRC's first two bytes (this format's version, the kind) are one of a few: their CRC is computed once.
+_HEAD_CRC = {int(kind): zlib.crc32(bytes((FORMAT_VERSION, int(kind)))) for kind in Kind}
+
+
+def encode_value(lsn: int, entry: Entry, ts_ns: int, prev_hash: bytes,
+                 pack: Callable[[Any], bytes] = msgpack.packb) -> tuple[bytes, bytes]:
+    """Return (value, chain_hash) for `entry` at `lsn`, chained after `prev_hash`. `pack`: a
+    `msgpack.Packer().pack` the caller keeps (the same bytes as `packb`, without a Packer per call)."""
+    kind = int(entry.kind)
+    body = pack([lsn, kind, ts_ns, entry.rid, entry.payload])
+    chain_hash = hashlib.sha256(prev_hash + body).digest()  # `chain`, inlined: once per record
+    crc = zlib.crc32(body, zlib.crc32(chain_hash, _HEAD_CRC[kind]))
+    return _HEADER.pack(FORMAT_VERSION, kind, crc, chain_hash) + body, chain_hash
 
 
 def stray_key_message(key: bytes) -> str:
@@ -203,7 +211,7 @@ class Encoder:
     per request (at FINISH) instead of one per record.
     """
 
-    __slots__ = ("next_lsn", "prev_hash", "_request_lsns")
+    __slots__ = ("next_lsn", "prev_hash", "_request_lsns", "_pack")
 
     def __init__(self, next_lsn: int = 1, prev_hash: bytes = GENESIS_HASH,
                  request_lsns: dict[str, list[int]] | None = None) -> None:
@@ -212,6 +220,9 @@ class Encoder:
         self.next_lsn = next_lsn
         self.prev_hash = prev_hash
         self._request_lsns = request_lsns or {}
+        # One Packer for every record (autoreset: each call returns its own bytes). Groups are
+        # encoded one at a time (the ledger's callers hold its lock), so it is never shared.
+        self._pack = msgpack.Packer().pack
 
     def encode(self, entries: list[Entry], ts_ns: int | None = None) -> EncodedGroup:
         if not entries:
@@ -223,7 +234,7 @@ class Encoder:
         group = EncodedGroup(first, first + len(entries) - 1, records, [])
         for entry in entries:
             key = lsn_key(lsn)
-            value, prev = encode_value(lsn, entry, ts, prev)
+            value, prev = encode_value(lsn, entry, ts, prev, self._pack)
             records.append((key, value))
             if entry.rid is not None:
                 self._track(group, entry, lsn, key)

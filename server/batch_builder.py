@@ -2,8 +2,6 @@
 marks each sampled token's future-map slot."""
 from __future__ import annotations
 
-from typing import cast
-
 import torch
 
 from kernels.backend import BatchLayout
@@ -49,17 +47,28 @@ class BatchBuilder:
         )
 
     def decode(self, reqs: list[Req]) -> ForwardBatch:
-        # A request whose previous token is still in flight reads it from the future map.
-        inputs = [-(r.future_slot + 1) if r.inflight_tokens else r.output_ids[-1] for r in reqs]
-        positions = [r.prompt_len + r.scheduled_tokens - 1 for r in reqs]
+        # One pass over the requests (this runs every step, for every running request).
+        inputs: list[int] = []
+        positions: list[int] = []
+        rows: list[int] = []
+        num_placeholders = 0
+        for r in reqs:
+            committed = r.state.output_ids
+            if r.inflight_tokens:  # its previous token is still in flight: read from the future map
+                inputs.append(-(r.future_slot + 1))
+                num_placeholders += 1
+            else:
+                inputs.append(committed[-1])
+            position = len(r.prompt_ids) + len(committed) + r.inflight_tokens - 1  # prompt_len + scheduled_tokens - 1
+            assert r.kv_allocated_len == position, "KV length out of step with position"
+            assert r.pool_row is not None, "a decoding request without a table row"
+            positions.append(position)
+            rows.append(r.pool_row)
         # One slot per request, written into every row of the table at once (the token at
         # position p takes entry p: a decoding request's allocation is its KV length).
         slots = self.kv_pool.alloc(len(reqs))
         assert slots is not None, "KV reservation broken in decode"  # admission reserved max_new_tokens
-        assert all(r.kv_allocated_len == p for r, p in zip(reqs, positions)), "KV length out of step with position"
-        rows = [r.pool_row for r in reqs]
-        assert None not in rows, "a decoding request without a table row"
-        layout, pos = BatchLayout.of_decode(slots, self.req_pool.table, cast(list[int], rows), positions)
+        layout, pos = BatchLayout.of_decode(slots, self.req_pool.table, rows, positions)
         for r in reqs:
             r.kv_allocated_len += 1
         if self.device.type != "cpu":
@@ -68,7 +77,7 @@ class BatchBuilder:
             mode=ForwardMode.DECODE, reqs=list(reqs), extend_lens=[1] * len(reqs), prefix_lens=positions,
             input_ids=torch.tensor(inputs, device=self.device), positions=pos, layout=layout,
             samples=[True] * len(reqs), input_logprob_targets=[[] for _ in reqs],
-            future_slots=[self._publish(r) for r in reqs], num_placeholders=sum(r.inflight_tokens > 0 for r in reqs),
+            future_slots=[self._publish(r) for r in reqs], num_placeholders=num_placeholders,
         )
 
     def mixed(self, chosen: list[tuple[Req, int]], decoding: list[Req]) -> ForwardBatch:
