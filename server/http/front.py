@@ -50,7 +50,7 @@ class Front:
     # the last FINISHED_GROUPS_KEPT finished ones in finished_groups).
     groups: dict[str, list[str]] = field(default_factory=dict)
     finished_groups: OrderedDict[str, list[str]] = field(default_factory=OrderedDict)
-    _background: set[asyncio.Task[object]] = field(default_factory=set)
+    _background: set[asyncio.Future[object]] = field(default_factory=set)
     # Per-request work (tokenizing, chat templates, building specs) runs here, never on the
     # event loop: a large batch must not stall /health or other clients' streams.
     _work: ThreadPoolExecutor = field(
@@ -112,7 +112,8 @@ class Front:
         for s in submissions:
             s.abandoned = True
         if rids and self.client.is_healthy:
-            self._spawn(self.client.abort(rids, "disconnect"))
+            # Sent now; only the wait for the answers (which nobody reads) is left to a task.
+            self._spawn(self.client.send_abort(rids, "disconnect"))
 
     def expand(self, rid: str) -> list[str]:
         """The rids an abort of `rid` stands for: a live group, a live request, or a finished
@@ -183,8 +184,8 @@ class Front:
     async def abort(self, rid: str, source: str) -> list[AbortAnswer]:
         return await self.client.abort(self.expand(rid), source)
 
-    def _spawn(self, coro: Coroutine[Any, Any, object]) -> None:
-        task: asyncio.Task[object] = asyncio.ensure_future(coro)
+    def _spawn(self, awaitable: Coroutine[Any, Any, object] | asyncio.Future[Any]) -> None:
+        task: asyncio.Future[object] = asyncio.ensure_future(awaitable)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -213,8 +214,16 @@ class AcceptedStream(StreamingResponse):
         self._release = release
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        async def receive_and_release_on_disconnect() -> Any:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                # The abort goes now, where the disconnect is first seen, not after the body's task
+                # has been cancelled: on a busy front that cascade took a loop turn or two more.
+                self._release()
+            return message
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive_and_release_on_disconnect, send)
         finally:
             self._release()
             aclose = getattr(self.body_iterator, "aclose", None)
