@@ -177,6 +177,8 @@ def common_prefix_len(key: list[int], ids: list[int], start: int = 0, stop: int 
     """How many leading items of `key` equal `ids[start:stop]`, item by item."""
     stop = len(ids) if stop is None else stop
     limit = min(len(key), stop - start)
+    if limit <= 0 or key[0] != ids[start]:
+        return 0  # most keys differ at once (distinct prompts): no slice copies for them
     if key[:limit] == ids[start : start + limit]:  # one C-level compare: the common case for long prompts
         return limit
     n = 0

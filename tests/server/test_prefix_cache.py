@@ -6,12 +6,14 @@ import pytest
 import torch
 from abort_window import drive_to_final_chunk_pending
 from abort_window import prompt as _prompt
+from hypothesis import given
+from hypothesis import strategies as st
 from scripted import ScriptedRuntime
 
 from commitlog import Kind
 from server.forward_batch import ForwardMode
 from server.memory import TokenToKVPool
-from server.radix_cache import RadixCache
+from server.radix_cache import RadixCache, common_prefix_len
 
 CHUNK = 16
 
@@ -28,6 +30,18 @@ def _insert(cache: RadixCache, ids: list[int]) -> torch.Tensor:
 
 
 # -- the tree alone -----------------------------------------------------------------------
+@given(st.lists(st.integers(0, 3), max_size=12), st.lists(st.integers(0, 3), max_size=12),
+       st.integers(0, 12), st.integers(0, 12))
+def test_common_prefix_len_counts_the_leading_items_equal_to_the_window(key, ids, start, width):
+    # Small alphabets make long shared runs and first-item matches common: every early exit is exercised.
+    start = min(start, len(ids))
+    stop = min(len(ids), start + width)
+    naive = 0
+    while naive < min(len(key), stop - start) and key[naive] == ids[start + naive]:
+        naive += 1
+    assert common_prefix_len(key, ids, start, stop) == naive
+
+
 def test_match_splits_an_edge_and_insert_reports_what_was_already_cached():
     cache = _cache_of(64)
     slots = _insert(cache, [1, 2, 3, 4, 5])
