@@ -224,11 +224,27 @@ class VLLMOffline:
         self._signal(signal.SIGSTOP)
 
     def _signal(self, sig: signal.Signals) -> None:
-        """To the peer and every process it started (they share its process group)."""
+        """To the peer and every process it started (they share its process group). A stop is
+        delivered asynchronously: wait until the peer has stopped, so the next engine's timed
+        round does not start beside a peer still running."""
         try:
             os.killpg(self.proc.pid, sig)
         except ProcessLookupError:
-            pass  # gone already: its exit is reported by the read that finds its pipe closed
+            return  # gone already: its exit is reported by the read that finds its pipe closed
+        if sig == signal.SIGSTOP:
+            self._wait_until_stopped()
+
+    def _wait_until_stopped(self, timeout_s: float = 5.0) -> None:
+        stat = Path(f"/proc/{self.proc.pid}/stat")
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                state = stat.read_text().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                return  # no /proc here, or the peer is gone
+            if state in ("T", "t", "Z", "X"):  # stopped, or exited (its exit is reported by the next read)
+                return
+            time.sleep(0.001)
 
     def _read(self) -> dict[str, Any]:
         line = self._results.readline()
