@@ -221,20 +221,20 @@ class VLLMOffline:
         stack.callback(self._results.close)
         self._log_path = tmp / "vllm.log"
         self._read()  # {"ready": true}: loaded and warmed up
-        self._signal(signal.SIGSTOP)
+        self._pause()
 
     def _signal(self, sig: signal.Signals) -> None:
-        """To the peer and every process it started (they share its process group). A stop is
-        delivered asynchronously: wait until the peer has stopped, so the next engine's timed
-        round does not start beside a peer still running."""
+        """To the peer and every process it started (they share its process group)."""
         try:
             os.killpg(self.proc.pid, sig)
         except ProcessLookupError:
-            return  # gone already: its exit is reported by the read that finds its pipe closed
-        if sig == signal.SIGSTOP:
-            self._wait_until_stopped()
+            pass  # gone already: its exit is reported by the read that finds its pipe closed
 
-    def _wait_until_stopped(self, timeout_s: float = 5.0) -> None:
+    def _pause(self, timeout_s: float = 5.0) -> None:
+        """Stops the peer's process group and waits until its main process shows stopped (or gone):
+        a stop is delivered asynchronously, and the next engine's timed round must not start beside
+        a peer still running."""
+        self._signal(signal.SIGSTOP)
         stat = Path(f"/proc/{self.proc.pid}/stat")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -272,7 +272,7 @@ class VLLMOffline:
             self.proc.stdin.flush()
             result = self._read()
         finally:
-            self._signal(signal.SIGSTOP)
+            self._pause()
         if int(result["output_tokens"]) != work.output_tokens:
             raise RuntimeError(f"vLLM produced {result['output_tokens']} tokens, the workload asked {work.output_tokens}")
         return float(result["output_tok_s"])
