@@ -17,11 +17,16 @@ _I32 = ctypes.c_int32
 
 
 @functools.cache
-def _kernel() -> Callable[..., int]:
-    fn = load("paged_attention.c", openmp=True).tl_paged_attention_f32
+def build_kernel(extra_flags: tuple[str, ...] = ()) -> Callable[..., int]:
+    """The kernel's entry point, built for this CPU (`extra_flags`: see `kernels.native.load`)."""
+    fn = load("paged_attention.c", openmp=True, extra_flags=extra_flags).tl_paged_attention_f32
     fn.argtypes = [_P, _P, _P, _P, _P, _P, _I32, _I32, _I32, _I32, ctypes.c_float, _P, _I32]
     fn.restype = ctypes.c_int
     return fn
+
+
+def _kernel() -> Callable[..., int]:
+    return build_kernel()
 
 
 def kernel_available() -> bool:
@@ -36,14 +41,14 @@ def kernel_available() -> bool:
 
 
 def paged_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, layout: BatchLayout,
-                    scale: float, num_threads: int) -> torch.Tensor:
-    """q [T, Hq, D] → [T, Hq, D] over the pools [S, Hkv, D] (all fp32)."""
+                    scale: float, num_threads: int, kernel: Callable[..., int] | None = None) -> torch.Tensor:
+    """q [T, Hq, D] → [T, Hq, D] over the pools [S, Hkv, D] (all fp32); `kernel`: another build of it."""
     q = q.contiguous()
     out = torch.empty_like(q)
     tokens, hq, d = q.shape
     if tokens == 0:
         return out
-    failed = _kernel()(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), layout.qo_indptr.data_ptr(),
+    failed = (kernel or _kernel())(q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), layout.qo_indptr.data_ptr(),
                        layout.kv_indptr.data_ptr(), layout.kv_indices.data_ptr(), layout.num_requests, hq,
                        k_pool.shape[1], d, scale, out.data_ptr(), num_threads)
     if failed:

@@ -37,10 +37,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TOKENLEDGER_KERNEL_CACHE") or platformdirs.user_cache_dir("tokenledger")) / "kernels"
 
 
-def load(source_name: str, openmp: bool = False) -> ctypes.CDLL:
+def load(source_name: str, openmp: bool = False, extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
     """The shared library built from `csrc/<source_name>`, building it on first use. `openmp`: built with
     OpenMP where the compiler has it and the process runs a libgomp, else without (the source then keeps a
-    pthread fallback)."""
+    pthread fallback). `extra_flags` follow the usual ones (`-mno-avx512f`: the build a CPU without
+    AVX-512 gets, on this one)."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise NativeBuildError("no C compiler (cc or gcc) on PATH")
@@ -48,10 +49,10 @@ def load(source_name: str, openmp: bool = False) -> ctypes.CDLL:
     # OpenMP runtime, or none) the build would load a second runtime whose workers compete with the first.
     if openmp and process_libgomp() is not None:
         try:
-            return _load(compiler, source_name, (*FLAGS, *OPENMP_FLAGS))
+            return _load(compiler, source_name, (*FLAGS, *OPENMP_FLAGS, *extra_flags))
         except NativeBuildError:
             pass  # no OpenMP runtime to link here
-    return _load(compiler, source_name, FLAGS)
+    return _load(compiler, source_name, (*FLAGS, *extra_flags))
 
 
 def process_libgomp() -> ctypes.CDLL | None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from layouts import scattered_layout
 
 from kernels.backend import BatchLayout
-from kernels.cpu_attention import CpuAttentionBackend, kernel_available, paged_attention
+from kernels.cpu_attention import CpuAttentionBackend, build_kernel, kernel_available, paged_attention
 from kernels.registry import BackendUnavailableError, create_backend
 from kernels.torch_attention import TorchAttentionBackend
 
@@ -81,6 +81,43 @@ def test_a_requests_result_does_not_depend_on_its_batch_or_thread_count():
         alone = BatchLayout.of_requests(layout.out_cache_loc[rows], [layout.kv_indices[kv_ptr[r] : kv_ptr[r + 1]]], [new])
         single = paged_attention(q[rows], pool.k_buffers[0], pool.v_buffers[0], alone, 0.125, num_threads=1)
         assert torch.equal(single, together[rows]), r
+
+
+def _cpu_has_avx512() -> bool:
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return False
+    return "avx512f" in flags and "avx512dq" in flags
+
+
+@st.composite
+def extend_batches(draw):
+    """Batches with multi-row extends (the 512-bit path pairs their rows) beside decodes, at head dims on
+    and off that path, odd and even GQA groups, prefixes of any length."""
+    hkv = draw(st.sampled_from([1, 2, 4]))
+    group = draw(st.sampled_from([1, 2, 3, 4]))
+    d = draw(st.sampled_from([8, 32, 64, 128]))
+    reqs = draw(st.lists(st.tuples(st.integers(0, 90), st.sampled_from([1, 2, 3, 7, 16, 33])), min_size=1, max_size=5))
+    seed = draw(st.integers(0, 2**16))
+    threads = draw(st.sampled_from([1, 2]))
+    return hkv, group, d, reqs, seed, threads
+
+
+@pytest.mark.skipif(not _cpu_has_avx512(), reason="this CPU has no AVX-512: only the 256-bit path is built here")
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(batch=extend_batches())
+def test_the_512_bit_path_computes_bit_for_bit_what_the_256_bit_path_does(batch):
+    """A machine without AVX-512 builds the kernel without its 512-bit path; a logged request must
+    re-execute to the same bits on either, so the wide path may only regroup the same arithmetic."""
+    hkv, group, d, reqs, seed, threads = batch
+    pool_slots = sum(p + n for p, n in reqs) + 8
+    layout = scattered_layout(reqs, pool_slots, seed)
+    pool = Pool(pool_slots, 1, hkv, d)
+    q = torch.randn(sum(n for _, n in reqs), hkv * group, d, generator=torch.Generator().manual_seed(seed))
+    narrow = build_kernel(("-mno-avx512f",))
+    wide = paged_attention(q, pool.k_buffers[0], pool.v_buffers[0], layout, d**-0.5, threads)
+    assert torch.equal(wide, paged_attention(q, pool.k_buffers[0], pool.v_buffers[0], layout, d**-0.5, threads, narrow))
 
 
 def test_auto_picks_the_cpu_kernel_for_fp32_and_the_reference_for_other_dtypes():
