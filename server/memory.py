@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from server.host_memory import unforked_zeros
+
 
 class ReqToTokenPool:
     def __init__(self, num_rows: int, max_context_len: int, device: torch.device | str = "cpu") -> None:
@@ -40,9 +42,15 @@ class TokenToKVPool:
         self.capacity = num_slots
         self.device = torch.device(device)
         shape = (num_slots + 1, num_kv_heads, head_dim)
-        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k_buffers = [self._zeros(shape, dtype) for _ in range(num_layers)]
+        self.v_buffers = [self._zeros(shape, dtype) for _ in range(num_layers)]
         self._free_slots = torch.arange(1, num_slots + 1, dtype=torch.int64, device=device)
+
+    def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        # On the host, out of reach of the log's forked reader (server.host_memory): written every step.
+        if self.device.type == "cpu":
+            return unforked_zeros(shape, dtype)
+        return torch.zeros(shape, dtype=dtype, device=self.device)
 
     @property
     def num_free(self) -> int:
