@@ -41,6 +41,10 @@ class ServerArgs:
     # use, less one when serving over HTTP, where the front process needs a core of its own (on a
     # 2-core machine a scheduler spinning on both cores starves the front and stalls every step).
     num_threads: int | None = None
+    # Compute threads of a forward that prefills (an extend or mixed batch). None: the decode's count. Under
+    # serve on 2 cores, 2 here (decode on 1) cut an in-process prefill by 28 % but gained no online throughput
+    # and ~10 % of p99 TTFT (docs/benchmarks.md, fifteenth session): the front is busy during a prefill too.
+    prefill_threads: int | None = None
     attention_backend: str = "auto"  # auto | torch | cpu | triton | flashinfer (kernels.registry)
     device: str = "auto"  # auto | cpu | cuda (server.device): where the model, KV pools and tables live
     linear_backend: str = "auto"  # auto | onednn | torch (server.models.packed_linear)
@@ -82,6 +86,10 @@ class ServerArgs:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         return max(1, cores - 1) if beside_front else cores
 
+    def prefill_compute_threads(self, beside_front: bool) -> int:
+        """`prefill_threads`, or the decode's count when it is not set."""
+        return self.prefill_threads if self.prefill_threads is not None else self.compute_threads(beside_front)
+
     def with_changes(self, **kwargs: Any) -> ServerArgs:
         return replace(self, **kwargs)
 
@@ -108,6 +116,8 @@ class ServerArgs:
             raise ConfigError(f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}")
         if self.num_threads is not None and self.num_threads < 1:
             raise ConfigError("--num-threads must be >= 1")
+        if self.prefill_threads is not None and self.prefill_threads < 1:
+            raise ConfigError("--prefill-threads must be >= 1")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}")
         if self.device not in DEVICES:

@@ -9,9 +9,15 @@ On CPU the forward runs synchronously inside `launch`; the overlap is in the ord
 vs. result processing, not in threads. On CUDA `launch` only enqueues the forward on one compute
 stream (`server.cuda_overlap`) and records an event; `ForwardHandle.result()` waits on that event,
 so the host schedules step N+1 while the device runs step N — the real overlap.
+
+On CPU a forward that prefills (extend, mixed) may run on more threads than a decode (`prefill_threads`):
+under `serve` the decode leaves a core to the front, which streams every decoded token, while during a
+prefill step no token is decoded and that core would sit idle.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -70,8 +76,10 @@ class ForwardHandle:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, kv_pool: TokenToKVPool, future_slots: int, attention_backend: str = "auto",
-                 eos_ids: frozenset[int] = frozenset()) -> None:
+                 eos_ids: frozenset[int] = frozenset(), prefill_threads: int | None = None) -> None:
         self.model = model
+        # None: every forward runs on the process's torch thread count. Only a CPU forward's threads matter.
+        self.prefill_threads = prefill_threads if kv_pool.device.type == "cpu" else None
         self.eos_ids = eos_ids  # masked, with stop_token_ids, until a request's min_new_tokens are out
         self.kv_pool = kv_pool
         self.device = kv_pool.device
@@ -87,6 +95,9 @@ class ModelRunner:
     def launch(self, batch: ForwardBatch) -> ForwardHandle:
         self._launches += 1
         if self.stream is None:
+            if self.prefill_threads is not None and batch.mode is not ForwardMode.DECODE:
+                with torch_threads(self.prefill_threads):
+                    return ForwardHandle(self._launches, batch, self._run(batch))
             return ForwardHandle(self._launches, batch, self._run(batch))
         with self.stream.enqueue() as done:
             pending = self._run(batch)
@@ -182,6 +193,21 @@ class ModelRunner:
             out.top_ids.extend(top_ids.tolist())
             out.top_logprobs.extend(top_vals.tolist())
         return out
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's (and so the attention kernel's and inductor's) thread count is `n` inside. The compiled trunk
+    is specialised on it (dynamo guards the count), so every count used has its graphs compiled at warm-up."""
+    before = torch.get_num_threads()
+    if n == before:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ from server.errors import ConfigError
 from server.grammar.compiler import GrammarCompiler
 from server.grammar.reasoning import THINK_END, THINK_START, ReasoningParser
 from server.memory import ReqToTokenPool, TokenToKVPool
-from server.model_runner import ModelRunner
+from server.model_runner import ModelRunner, torch_threads
 from server.models.causal_lm import CausalLM
 from server.models.compiled import compile_trunk, wants_compile, warm_up
 from server.models.config import ModelConfig
@@ -57,13 +57,14 @@ def model_fingerprint(model_dir: Path) -> str:
 
 
 def engine_settings(args: ServerArgs, model_dir: Path, policy: SchedulePolicy, kv_tokens: int,
-                    compiled: str, sampler: str) -> dict[str, object]:
+                    compiled: str, sampler: str, prefill_threads: int) -> dict[str, object]:
     """What SERVER_START records of the engine (commitlog.schedule.ENGINE_KEYS): every setting that
     changes a forward's numerics or the KV layout, so `replay --reexecute` can rebuild this engine."""
     return {
         "model_path": str(model_dir.resolve()), "tokenizer_path": args.tokenizer_path, "dtype": args.dtype,
         "attention_backend": args.attention_backend, "linear_backend": args.linear_backend,
-        "num_threads": torch.get_num_threads(), "mixed_chunk": policy.mixed_chunk, "overlap": policy.overlap,
+        "num_threads": torch.get_num_threads(), "prefill_threads": prefill_threads, "mixed_chunk": policy.mixed_chunk,
+        "overlap": policy.overlap,
         "chunked_prefill_size": policy.chunked_prefill_size, "max_prefill_tokens": policy.max_prefill_tokens,
         "kv_tokens": kv_tokens, "max_running_requests": policy.max_running_requests,
         "context_len": policy.context_len, "reasoning_parser": args.reasoning_parser, "compiled": compiled,
@@ -90,17 +91,23 @@ def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink, beside_front
     policy = SchedulePolicy(args.max_running_requests, args.chunked_prefill_size, args.max_prefill_tokens,
                             context_len, overlap=not args.disable_overlap_schedule,
                             mixed_chunk=args.enable_mixed_chunk)
-    runner = ModelRunner(model, kv_pool, policy.future_slots, args.attention_backend, frozenset(eos))
+    runner = ModelRunner(model, kv_pool, policy.future_slots, args.attention_backend, frozenset(eos),
+                         args.prefill_compute_threads(beside_front))
+    prefill_threads = runner.prefill_threads or torch.get_num_threads()  # None off CPU: one count for all
     if wants_compile(args.torch_compile, device, dtype, runner.attention):
         compile_trunk(model)
-        warm_up(model, runner.attention)
+        # Each thread count has graphs of its own: every shape class at each, so none compiles while serving
+        # (a one-token prompt prefills on the one-token class, a decode batch on the multi-token one).
+        for threads in sorted({torch.get_num_threads(), prefill_threads}):
+            with torch_threads(threads):
+                warm_up(model, runner.attention)
     grammars = GrammarCompiler(tokenizer.hf_tokenizer, cfg.vocab_size, sorted(eos))
     reasoning = (ReasoningParser.create(args.reasoning_parser, tokenizer.token_id(THINK_START),
                                         tokenizer.token_id(THINK_END)) if args.reasoning_parser else None)
     tokenizer_dir = str(Path(args.tokenizer_path or model_dir).resolve())
     ledger = Ledger.open(log_dir, WalConfig(durability=Durability(args.log_durability)), model_fingerprint(model_dir),
-                         tokenizer_dir, engine_settings(args, model_dir, policy, kv_pool.capacity,
-                                                                          model.compiled, sampler_name(device)))
+                         tokenizer_dir, engine_settings(args, model_dir, policy, kv_pool.capacity, model.compiled,
+                                                        sampler_name(device), prefill_threads))
     rules = FinishRules(frozenset(eos), context_len, tokenizer.decode)
     cache = None if args.disable_radix_cache else RadixCache(kv_pool)
     scheduler = Scheduler(policy, runner, req_pool, kv_pool, ledger, rules, sink, grammars, reasoning, cache)

@@ -28,9 +28,10 @@ COMPILE_MODES = ("auto", "on", "off")
 AUTO_ENV = "TOKENLEDGER_TORCH_COMPILE"
 INDUCTOR = "inductor"  # CausalLM.compiled once compiled (it starts as "eager")
 # The warm-up forwards, as (new tokens, KV length) per request: one token over a longer KV (batch-1
-# decode), and several requests with several tokens each (every other batch).
+# decode), one token over a KV of one (a one-token prompt: torch specialises a size-1 KV too), and
+# several requests with several tokens each (every other batch).
 # Lengths unlike any model dimension, so no guard equates them.
-_WARM_UP_BATCHES = (((1, 11),), ((3, 13), (2, 17)))
+_WARM_UP_BATCHES = (((1, 11),), ((1, 1),), ((3, 13), (2, 17)))
 
 
 def wants_compile(mode: str, device: torch.device, dtype: torch.dtype, attention: AttentionBackend) -> bool:

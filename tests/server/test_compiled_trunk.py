@@ -23,13 +23,20 @@ def _workload(vocab: int, n: int = 12) -> tuple[list[list[int]], list[dict[str, 
     return prompts, params
 
 
-def test_compiled_trunk_serves_decode_extend_and_mixed_batches_without_recompiling(tiny_checkpoint, make_engine):
+@pytest.mark.parametrize("threads", [{}, {"num_threads": 1, "prefill_threads": 2}], ids=["one-count", "prefill-threads"])
+def test_compiled_trunk_serves_decode_extend_and_mixed_batches_without_recompiling(tiny_checkpoint, make_engine,
+                                                                                  threads):
+    before = torch.get_num_threads()
     engine = make_engine(tiny_checkpoint("llama"), chunked_prefill_size=32, enable_mixed_chunk=True,
-                         torch_compile="on")
+                         torch_compile="on", **threads)
     graphs_after_warm_up = counters["stats"]["unique_graphs"]
     prompts, params = _workload(500)
-    engine.generate(input_ids=prompts[:1], sampling_params=params[:1])  # batch-1: one-token decodes
-    engine.generate(input_ids=prompts, sampling_params=params)
+    try:
+        engine.generate(input_ids=prompts[:1], sampling_params=params[:1])  # batch-1: one-token decodes
+        engine.generate(input_ids=[[7]], sampling_params=params[:1])  # a one-token prompt: an extend over a KV of 1
+        engine.generate(input_ids=prompts, sampling_params=params)
+    finally:
+        torch.set_num_threads(before)  # the engine set the process's count
     stats = engine.scheduler.stats
     assert all(stats.steps[mode] > 0 for mode in (ForwardMode.EXTEND, ForwardMode.DECODE, ForwardMode.MIXED))
     # Every batch size, token count, KV length and slot offset ran on the graphs warm-up compiled.

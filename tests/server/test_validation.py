@@ -70,5 +70,8 @@ def test_unknown_or_invalid_server_arguments_are_refused():
         ServerArgs.from_kwargs(chunk_size=3)
     with pytest.raises(ConfigError, match="log-durability"):
         ServerArgs.from_kwargs(log_durability="sometimes")
+    for flag in ("num_threads", "prefill_threads"):
+        with pytest.raises(ConfigError, match=f"--{flag.replace('_', '-')} must be >= 1"):
+            ServerArgs.from_kwargs(**{flag: 0})
     args = ServerArgs.from_kwargs(log_dir="/tmp/x", disable_overlap_schedule=True)
     assert args.log_dir == "/tmp/x" and args.disable_overlap_schedule

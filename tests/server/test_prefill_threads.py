@@ -1,0 +1,71 @@
+"""`--prefill-threads`: on CPU a forward that prefills (extend, mixed) runs on its own torch thread count and
+a decode on `--num-threads`; the count is restored after each forward, recorded in SERVER_START, and read
+back by re-execution (logs from before the key ran every forward on `num_threads`)."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from commitlog.codec import Kind
+from commitlog.reader import LogReader
+from ops.reexec.runtime import server_args
+from server.forward_batch import ForwardMode
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads() -> Iterator[None]:
+    """The engine sets the process's thread count; later tests must not inherit one."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def _threads_per_mode(engine: Any) -> dict[ForwardMode, set[int]]:
+    """Wraps the runner's forward so each launch records the thread count it ran under, by mode."""
+    runner = engine.scheduler.runner
+    seen: dict[ForwardMode, set[int]] = {}
+    run = runner._run
+
+    def recording(batch: Any) -> Any:
+        seen.setdefault(batch.mode, set()).add(torch.get_num_threads())
+        return run(batch)
+
+    runner._run = recording
+    return seen
+
+
+def test_extend_and_mixed_forwards_run_on_prefill_threads_and_decodes_on_num_threads(tiny_checkpoint, make_engine):
+    engine = make_engine(tiny_checkpoint("llama"), num_threads=1, prefill_threads=2, chunked_prefill_size=16,
+                         enable_mixed_chunk=True, torch_compile="off")
+    seen = _threads_per_mode(engine)
+    prompts = [[(3 * i + j) % 400 + 3 for j in range(4 + 13 * i)] for i in range(6)]
+    engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 12, "temperature": 0, "ignore_eos": True})
+    assert seen == {ForwardMode.EXTEND: {2}, ForwardMode.MIXED: {2}, ForwardMode.DECODE: {1}}
+    assert torch.get_num_threads() == 1  # restored after every prefill
+
+
+def test_without_the_flag_every_forward_runs_on_num_threads(tiny_checkpoint, make_engine):
+    engine = make_engine(tiny_checkpoint("llama"), num_threads=1, torch_compile="off")
+    seen = _threads_per_mode(engine)
+    engine.generate(input_ids=[[5, 6, 7, 8]], sampling_params={"max_new_tokens": 4, "temperature": 0})
+    assert seen == {ForwardMode.EXTEND: {1}, ForwardMode.DECODE: {1}}
+
+
+def test_server_start_records_both_thread_counts_and_reexecution_reads_them(tmp_path: Path, tiny_checkpoint,
+                                                                           make_engine):
+    model = tiny_checkpoint("llama")
+    make_engine(model, num_threads=1, prefill_threads=2, log_dir=str(tmp_path / "log"), torch_compile="off").shutdown()
+    reader = LogReader.open(tmp_path / "log")
+    try:
+        engine = next(r for r in reader.records() if r.kind is Kind.SERVER_START).payload["engine"]
+    finally:
+        reader.close()
+    assert (engine["num_threads"], engine["prefill_threads"]) == (1, 2)
+    rebuilt = server_args(engine, model, None)
+    assert (rebuilt.num_threads, rebuilt.prefill_threads) == (1, 2)
+    older = {k: v for k, v in engine.items() if k != "prefill_threads"}  # a log from before the key
+    assert server_args(older, model, None).prefill_threads == 1
