@@ -173,15 +173,27 @@ static inline __attribute__((always_inline)) void score_keys(const float *q, int
 #ifdef TL_AVX2
     if (d % 8 == 0) {
         const __m256 vscale = _mm256_set1_ps(scale);
-        for (; j + 8 <= visible; j += 8) {
+        /* The last visible % 8 keys make a block too, the missing keys standing in as copies of the last one
+         * and their scores dropped: each key's score then has one arithmetic, the block's, wherever it falls
+         * and whatever the build. (Left to an `omp simd` reduction, the tail's sum took the vector width the
+         * compiler chose, 512-bit on a Zen 4 with AVX-512 and 256-bit without, and its order with it.) */
+        for (; j < visible; j += 8) {
+            const int32_t n_in = visible - j < 8 ? (int32_t)(visible - j) : 8;
             const float *k[8];
-            for (int32_t jj = 0; jj < 8; jj++) k[jj] = k_pool + slots[j + jj] * stride + h * d;
+            for (int32_t jj = 0; jj < 8; jj++) k[jj] = k_pool + slots[j + (jj < n_in ? jj : n_in - 1)] * stride + h * d;
             if (prefetch && j + PREFETCH_AHEAD + 8 <= visible) prefetch_rows(k_pool, slots + j + PREFETCH_AHEAD, 8, stride, h * d, d);
+            float part[2][8]; /* a partial block's scores, before the first n_in are kept */
             int32_t g = 0;
 #ifdef TL_AVX512
-            for (; wide && g + 2 <= g_count; g += 2)
-                score_block_pair(q + (int64_t)g * d, q + (int64_t)(g + 1) * d, k, _mm512_set1_ps(scale),
-                                 scores + g * pitch + j, scores + (g + 1) * pitch + j, d);
+            for (; wide && g + 2 <= g_count; g += 2) {
+                float *s0 = n_in == 8 ? scores + g * pitch + j : part[0];
+                float *s1 = n_in == 8 ? scores + (g + 1) * pitch + j : part[1];
+                score_block_pair(q + (int64_t)g * d, q + (int64_t)(g + 1) * d, k, _mm512_set1_ps(scale), s0, s1, d);
+                if (n_in < 8) {
+                    memcpy(scores + g * pitch + j, part[0], sizeof(float) * (size_t)n_in);
+                    memcpy(scores + (g + 1) * pitch + j, part[1], sizeof(float) * (size_t)n_in);
+                }
+            }
 #endif
             for (; g < g_count; g++) {
                 const float *qg = q + (int64_t)g * d;
@@ -192,8 +204,13 @@ static inline __attribute__((always_inline)) void score_keys(const float *q, int
                         a = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), _mm256_loadu_ps(k[jj] + i), a);
                     acc[jj] = a;
                 }
-                _mm256_storeu_ps(scores + g * pitch + j,
-                                 _mm256_mul_ps(sum8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]), vscale));
+                const __m256 sums = _mm256_mul_ps(sum8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]), vscale);
+                if (n_in == 8) {
+                    _mm256_storeu_ps(scores + g * pitch + j, sums);
+                } else {
+                    _mm256_storeu_ps(part[0], sums);
+                    memcpy(scores + g * pitch + j, part[0], sizeof(float) * (size_t)n_in);
+                }
             }
         }
     }
@@ -203,7 +220,11 @@ static inline __attribute__((always_inline)) void score_keys(const float *q, int
         for (int32_t g = 0; g < g_count; g++) {
             const float *qg = q + (int64_t)g * d;
             float dot = 0.0f;
+            /* Only a head dim that is not a multiple of 8 gets here on an x86 build: in order, so that no
+             * vector width is the compiler's to choose. Elsewhere (no AVX2) this is the only path. */
+#ifndef TL_AVX2
 #pragma omp simd reduction(+ : dot)
+#endif
             for (int32_t i = 0; i < d; i++) dot += qg[i] * k[i];
             scores[g * pitch + j] = dot * scale;
         }
