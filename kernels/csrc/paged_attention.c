@@ -62,18 +62,25 @@ typedef struct {
  * against 16,384 a median 1.084x the throughput (14 of 16 above 1); 512 against 2,048 1.006x (8 of 16).
  * A batch-1 decode (2 x its KV length in visits) stays serial up to KV 1,024. */
 #define SERIAL_KEY_VISITS 2048
-#define PREFETCH_AHEAD 16 /* slots: about a DRAM latency's worth of the loop's work at head dim 32 */
+/* Slots ahead: enough DRAM latencies' worth of the loop's work to keep a core's misses in flight. */
+#define PREFETCH_AHEAD 48
+/* Into L2, not L1 (prefetcht1, not prefetcht0): a core has far more outstanding L2 misses than L1 fill
+ * buffers, and a decode row's K and V come from DRAM once the pool outgrows L3. One layer of a batch-64
+ * decode of the tiny model's heads (KV 320, four layers' pools in turn, the L3 swept between passes), the
+ * kernel alone on one thread, median ms, Zen 4: slots as the engine lays them out (prompt runs, decode
+ * slots interleaved) 1.02 at 16 slots into L1 -> 0.79 at 16 into L2 -> 0.64 at 48 into L2 (0.63 at 64,
+ * 0.68 at 96); slots shuffled 1.49 -> 0.69; one pool left in L3, 0.34 -> 0.32. No prefetch at all, as
+ * measured on the first machine (AVX2 EPYC): 1.62 ms in slot order, 2.88 scattered, against 1.29 and 2.05
+ * at 16 into L1. */
+#define PREFETCH_LOCALITY 2
 
-/* Asks for the `floats` floats at `offset` of each of `n` pool rows, ahead of their use (read, keep in
- * every cache level). A request's rows are wherever its slots put them, so the hardware prefetcher cannot
- * guess the next one. One layer of a batch-64 decode (KV 320) read from DRAM, same process, alternating:
- * 1.62 -> 1.29 ms with rows in slot order, 2.88 -> 2.05 ms with rows scattered (as a long-running
- * server's reused slots are). */
+/* Asks for the `floats` floats at `offset` of each of `n` pool rows, ahead of their use. A request's rows
+ * are wherever its slots put them, so the hardware prefetcher cannot guess the next one. */
 static inline void prefetch_rows(const float *pool, const int64_t *slots, int32_t n, int64_t stride, int64_t offset,
                                  int32_t floats) {
     for (int32_t i = 0; i < n; i++) {
         const char *row = (const char *)(pool + slots[i] * stride + offset);
-        for (int32_t b = 0; b < floats * (int32_t)sizeof(float); b += 64) __builtin_prefetch(row + b, 0, 3);
+        for (int32_t b = 0; b < floats * (int32_t)sizeof(float); b += 64) __builtin_prefetch(row + b, 0, PREFETCH_LOCALITY);
     }
 }
 
@@ -440,6 +447,15 @@ static inline __attribute__((always_inline)) void attend_block_d(const Job *job,
     float inv_sum[ROWS_PER_BLOCK][g_count];
     const float *w[2] = {scores, scores};
     float *a[2] = {acc, acc};
+    /* The loops prefetch PREFETCH_AHEAD slots ahead of themselves, so a row's first keys and values would
+     * each wait a DRAM latency: asked for here, the values have the whole score pass to arrive. Same
+     * measurement as at PREFETCH_AHEAD: 0.65 -> 0.56 ms in the engine's layout, 0.71 -> 0.55 shuffled. */
+    if (prefetch) {
+        const int64_t first_visible = kv_len - n_new + (first - job->qo_indptr[r]) + 1;
+        const int32_t head = first_visible < PREFETCH_AHEAD ? (int32_t)first_visible : PREFETCH_AHEAD;
+        prefetch_rows(job->k_pool, slots, head, stride, (int64_t)h * d, d);
+        prefetch_rows(job->v_pool, slots, head, stride, (int64_t)h * d, d);
+    }
     for (int32_t k = 0; k < nr; k++) {
         const int32_t row = first + k;
         visible[k] = kv_len - n_new + (row - job->qo_indptr[r]) + 1; /* causal */
