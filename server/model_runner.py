@@ -10,9 +10,9 @@ vs. result processing, not in threads. On CUDA `launch` only enqueues the forwar
 stream (`server.cuda_overlap`) and records an event; `ForwardHandle.result()` waits on that event,
 so the host schedules step N+1 while the device runs step N — the real overlap.
 
-On CPU a forward that prefills (extend, mixed) may run on more threads than a decode (`prefill_threads`):
-under `serve` the decode leaves a core to the front, which streams every decoded token, while during a
-prefill step no token is decoded and that core would sit idle.
+On CPU a forward that prefills (extend, mixed) may run on another thread count than a decode
+(`prefill_threads`, default the decode's): under `serve` the decode leaves a core to the front. Measured,
+that core is busy during prefill steps too (docs/benchmarks.md, fifteenth session), so it is opt-in.
 """
 from __future__ import annotations
 
