@@ -6,7 +6,7 @@ import pytest
 import torch
 from abort_window import drive_to_final_chunk_pending
 from abort_window import prompt as _prompt
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from scripted import ScriptedRuntime
 
@@ -81,6 +81,82 @@ def rt(tiny_checkpoint, tmp_path):
     runtime.sched.check_integrity()  # every slot free or held, unlocked, by the tree
     assert runtime.sched.kv_live_tokens == 0
     runtime.close()
+
+
+def _lru_scan_order(cache: RadixCache, num_tokens: int) -> list[list[int]]:
+    """The slots eviction should free, leaf by leaf, found by a fresh scan of the whole tree (the order
+    the kept heap must reproduce): least recently used unlocked leaf first, a parent joining once it is
+    an unlocked leaf itself."""
+    nodes = [n for n in cache._nodes() if n is not cache.root]
+    leaves = {id(n): n for n in nodes if n.is_leaf and n.lock_count == 0}
+    children = {id(n): len(n.children) for n in nodes}
+    freed, order = 0, []
+    while freed < num_tokens and leaves:
+        leaf = min(leaves.values(), key=lambda n: (n.last_used, id(n)))
+        del leaves[id(leaf)]
+        order.append(leaf.slots.tolist())
+        freed += len(leaf.key)
+        parent = leaf.parent
+        if parent is not cache.root:
+            children[id(parent)] -= 1
+            if children[id(parent)] == 0 and parent.lock_count == 0:
+                leaves[id(parent)] = parent
+    return order
+
+
+_OPS = st.lists(st.tuples(st.sampled_from(["insert", "match", "match_lock", "unlock", "evict"]),
+                          st.lists(st.integers(0, 2), min_size=1, max_size=6), st.integers(1, 12)),
+                max_size=40)
+
+
+@given(_OPS)
+# A leaf evicted while locked loses its entry; its unlock must queue it again.
+@example([("insert", [1], 1), ("match_lock", [1], 1), ("evict", [0], 1), ("unlock", [0], 0), ("evict", [0], 1)])
+# A leaf used since it was queued must wait behind one used earlier.
+@example([("insert", [1], 1), ("insert", [2], 1), ("match", [1], 1), ("evict", [0], 1)])
+def test_eviction_heap_frees_what_a_fresh_lru_scan_of_the_tree_would(ops):
+    """The eviction heap is kept across calls (pushed on insert and unlock, checked when popped); it must
+    free exactly the leaves, in exactly the order, that a scan of every node at that moment would:
+    never a locked path, a leaf used since it was pushed under its new time, a parent after its last
+    child. Small alphabets make shared prefixes, splits and re-used leaves common."""
+    cache = _cache_of(4096)
+    freed_slots: list[list[int]] = []
+    free = cache.kv_pool.free
+    cache.kv_pool.free = lambda slots: (freed_slots.append(slots.tolist()), free(slots))[1]
+    locked = []
+    for op, ids, n in ops:
+        if op == "insert" and cache.peek_prefix_len(ids, len(ids)) < len(ids):
+            _insert(cache, ids)
+        elif op == "match":  # a match whose request was not admitted: used, not locked
+            cache.match_prefix(ids, len(ids))
+        elif op == "match_lock":
+            match = cache.match_prefix(ids, len(ids))
+            if match.length:
+                cache.lock(match.node)
+                locked.append(match.node)
+        elif op == "unlock" and locked:
+            cache.unlock(locked.pop(n % len(locked)))
+        elif op == "evict":
+            want = _lru_scan_order(cache, n)
+            freed_slots.clear()
+            assert cache.evict(n) == sum(len(s) for s in want)
+            assert freed_slots == want
+        cache.check_integrity()
+
+
+def test_eviction_heap_stays_a_few_entries_per_node_when_nothing_is_evicted():
+    """Every unlock queues its leaf again and only eviction pops: a server whose pool never fills
+    must not grow the heap by one entry per request for ever."""
+    cache = _cache_of(64)
+    _insert(cache, [1, 2])
+    _insert(cache, [3])
+    for _ in range(1000):
+        match = cache.match_prefix([1, 2], 2)
+        cache.lock(match.node)
+        cache.unlock(match.node)
+    assert len(cache._lru) <= 4 * 2 + 64 + 1
+    cache.check_integrity()
+    assert cache.evict(1) == 1 and cache.peek_prefix_len([3], 1) == 0  # [3] was used least recently
 
 
 def test_shared_prefix_is_reused_logged_and_gives_the_cache_off_greedy_output(tiny_checkpoint, tmp_path):
