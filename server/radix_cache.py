@@ -137,20 +137,21 @@ class RadixCache:
             self.num_tokens -= len(leaf.key)
             self._num_nodes -= 1
             freed += len(leaf.key)
-            if parent is not self.root and parent.is_leaf and parent.lock_count == 0:
+            if self._evictable(parent):  # the root never is (no parent)
                 self._push(parent)
         return freed
 
     def _evictable(self, node: TreeNode) -> bool:
+        """An unlocked leaf still in the tree (an evicted node's parent is cleared; the root has none)."""
         return node.parent is not None and node.is_leaf and node.lock_count == 0
 
     def _push(self, node: TreeNode) -> None:
+        heapq.heappush(self._lru, (node.last_used, id(node), node))
         if len(self._lru) > 4 * self._num_nodes + 64:
             # Stale entries pile up where nothing is evicted (an unlock pushes, only an eviction pops):
-            # rebuilt from the evictable leaves, the heap stays a few entries per node.
-            self._lru = [(n.last_used, id(n), n) for n in self._nodes() if n is not self.root and self._evictable(n)]
+            # rebuilt from the evictable leaves (`node` among them), the heap stays a few entries per node.
+            self._lru = [(n.last_used, id(n), n) for n in self._nodes() if self._evictable(n)]
             heapq.heapify(self._lru)
-        heapq.heappush(self._lru, (node.last_used, id(node), node))
 
     def reset(self) -> int:
         """Frees every slot (only when nothing is locked); returns the number freed."""
