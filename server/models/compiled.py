@@ -21,6 +21,7 @@ import torch
 from kernels.backend import AttentionBackend, BatchLayout
 from server.errors import ConfigError
 from server.models.causal_lm import CausalLM
+from server.models.transposed_linear import transpose_linears
 
 COMPILE_MODES = ("auto", "on", "off")
 # What `auto` means where it is not given on the command line: the test suite sets it to off, because
@@ -52,7 +53,9 @@ def wants_compile(mode: str, device: torch.device, dtype: torch.dtype, attention
 
 
 def compile_trunk(model: CausalLM) -> None:
-    """Replaces the model's `trunk` by its inductor-compiled self (the first call of each shape class compiles)."""
+    """Replaces the model's `trunk` by its inductor-compiled self (the first call of each shape class compiles).
+    The layers' `nn.Linear`s become `TransposedLinear`s first (oneDNN's packed ones stay as they are); the
+    LM head, which runs eager, keeps its layout."""
     import torch._dynamo.config
     import torch.fx.experimental._config
     # Without this, sizes that happen to be equal when a graph is traced (a batch's KV length and the
@@ -61,6 +64,7 @@ def compile_trunk(model: CausalLM) -> None:
     # Dynamo keeps at most `recompile_limit` graphs per function; every model shape and linear backend a
     # process compiles adds two (a server has one model; tests and benchmarks build several engines).
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    transpose_linears(model.model.layers)
     model.trunk = torch.compile(model.trunk, dynamic=True, fullgraph=True)  # type: ignore[method-assign]
     model.compiled = INDUCTOR
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 from torch._dynamo.utils import counters
 
 from commitlog.codec import Kind
@@ -11,6 +12,7 @@ from commitlog.reader import LogReader
 from server.errors import ConfigError
 from server.forward_batch import ForwardMode
 from server.models.demo import CheckpointSpec, build_checkpoint
+from server.models.transposed_linear import TransposedLinear, transpose_linears
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
 
@@ -102,3 +104,42 @@ def test_torch_compile_on_is_refused_where_the_compiled_trunk_cannot_run(kwargs,
 def test_unknown_torch_compile_mode_is_refused(tiny_checkpoint, make_engine):
     with pytest.raises(ConfigError, match="--torch-compile"):
         make_engine(tiny_checkpoint("llama"), torch_compile="sometimes")
+
+
+def test_compiled_trunk_runs_its_layers_on_transposed_weight_copies_and_keeps_the_lm_heads_layout(tiny_checkpoint,
+                                                                                                 make_engine):
+    model_dir = tiny_checkpoint("qwen2")  # Qwen2: q/k/v carry a bias, which the copy must keep
+    eager = make_engine(model_dir, torch_compile="off").scheduler.runner.model
+    compiled = make_engine(model_dir, torch_compile="on").scheduler.runner.model
+    for layer_eager, layer_compiled in zip(eager.model.layers, compiled.model.layers):
+        for path in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"):
+            plain, copy = layer_eager.get_submodule(path), layer_compiled.get_submodule(path)
+            assert isinstance(plain, nn.Linear) and isinstance(copy, TransposedLinear), path
+            assert copy.weight_t.is_contiguous() and torch.equal(copy.weight_t, plain.weight.t()), path
+            assert (copy.bias is None) == (plain.bias is None), path
+            if plain.bias is not None:
+                assert torch.equal(copy.bias, plain.bias), path
+    assert isinstance(compiled.lm_head, nn.Linear)  # it runs eager, where the checkpoint's layout keeps HF's bits
+
+
+def test_transposed_linear_matches_nn_linear_for_any_row_count_and_leaves_packed_linears_alone(tiny_checkpoint):
+    from server.models.loader import load_model
+    from server.models.packed_linear import PackedLinear, apply_linear_backend, onednn_available
+
+    model_dir = tiny_checkpoint("qwen2")
+    reference, swapped = load_model(model_dir, torch.float32), load_model(model_dir, torch.float32)
+    linears = [m for m in reference.model.layers.modules() if isinstance(m, nn.Linear)]
+    assert transpose_linears(swapped.model.layers) == len(linears) > 0
+    copies = [m for m in swapped.model.layers.modules() if isinstance(m, TransposedLinear)]
+    g = torch.Generator().manual_seed(0)
+    for plain, copy in zip(linears, copies, strict=True):
+        for rows in (0, 1, 7, 64):
+            x = torch.randn(rows, plain.in_features, generator=g)
+            with torch.inference_mode():
+                torch.testing.assert_close(copy(x), plain(x), rtol=1e-5, atol=1e-5)
+    if onednn_available(torch.float32):
+        packed = load_model(model_dir, torch.float32)
+        apply_linear_backend(packed, "onednn", torch.float32, 64)
+        assert transpose_linears(packed.model.layers) == 0
+        assert not any(isinstance(m, TransposedLinear) for m in packed.modules())
+        assert any(isinstance(m, PackedLinear) for m in packed.modules())
