@@ -8,6 +8,8 @@ result does not depend on how many rows share the call.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -71,13 +73,17 @@ def apply_linear_backend(model: nn.Module, backend: str, dtype: torch.dtype, hid
         raise ConfigError("--linear-backend onednn needs float32 weights and torch built with oneDNN (mkldnn)")
     if backend == "torch" or not available or (backend == "auto" and hidden_size < ONEDNN_MIN_HIDDEN):
         return "torch"
-    _pack(model)
+    swap_linears(model, PackedLinear)
     return "onednn"
 
 
-def _pack(module: nn.Module) -> None:
+def swap_linears(module: nn.Module, replacement: Callable[[nn.Linear], nn.Module]) -> int:
+    """Replaces every `nn.Linear` under `module` by `replacement(linear)`; returns how many it replaced."""
+    swapped = 0
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear):
-            setattr(module, name, PackedLinear(child))
+            setattr(module, name, replacement(child))
+            swapped += 1
         else:
-            _pack(child)
+            swapped += swap_linears(child, replacement)
+    return swapped

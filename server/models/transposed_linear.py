@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from server.models.packed_linear import swap_linears
+
 
 class TransposedLinear(nn.Module):
     """`y = x Wt + b` with `Wt = W^T` copied once. Like `PackedLinear`, the copy is a buffer, not a
@@ -34,11 +36,4 @@ class TransposedLinear(nn.Module):
 
 def transpose_linears(module: nn.Module) -> int:
     """Swaps every `nn.Linear` under `module` for a `TransposedLinear`; returns how many."""
-    swapped = 0
-    for name, child in list(module.named_children()):
-        if isinstance(child, nn.Linear):
-            setattr(module, name, TransposedLinear(child))
-            swapped += 1
-        else:
-            swapped += transpose_linears(child)
-    return swapped
+    return swap_linears(module, TransposedLinear)

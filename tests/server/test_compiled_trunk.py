@@ -12,6 +12,8 @@ from commitlog.reader import LogReader
 from server.errors import ConfigError
 from server.forward_batch import ForwardMode
 from server.models.demo import CheckpointSpec, build_checkpoint
+from server.models.loader import load_model
+from server.models.packed_linear import PackedLinear, apply_linear_backend, onednn_available
 from server.models.transposed_linear import TransposedLinear, transpose_linears
 
 GREEDY = {"temperature": 0, "ignore_eos": True}
@@ -123,9 +125,6 @@ def test_compiled_trunk_runs_its_layers_on_transposed_weight_copies_and_keeps_th
 
 
 def test_transposed_linear_matches_nn_linear_for_any_row_count_and_leaves_packed_linears_alone(tiny_checkpoint):
-    from server.models.loader import load_model
-    from server.models.packed_linear import PackedLinear, apply_linear_backend, onednn_available
-
     model_dir = tiny_checkpoint("qwen2")
     reference, swapped = load_model(model_dir, torch.float32), load_model(model_dir, torch.float32)
     linears = [m for m in reference.model.layers.modules() if isinstance(m, nn.Linear)]
