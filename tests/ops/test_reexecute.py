@@ -126,8 +126,11 @@ def test_forward_record_edited_with_rechained_log_is_a_schedule_divergence(serve
     log = tmp_path / "schedule"
     shutil.copytree(served.log, log)
     records = entries(served.log)
-    forward = next(e for _, _, e in records if e.kind is Kind.FORWARD and e.payload["mode"] == "decode"
-                   and "g5" in e.payload["rids"])
+    # A forward in which g5 decodes (one new token past its prompt): alone with other decodes, or riding
+    # in a prefill chunk's forward (the Engine mixes them by default).
+    forward = next(e for _, _, e in records if e.kind is Kind.FORWARD and "g5" in e.payload["rids"]
+                   and e.payload["mode"] != "extend" and e.payload["n"][e.payload["rids"].index("g5")] == 1
+                   and e.payload["pre"][e.payload["rids"].index("g5")] > 0)
     at = forward.payload["rids"].index("g5")
     forward.payload["pre"][at] += 1  # a decode position this request never had
     rewrite_rechained(log, records)
@@ -163,7 +166,7 @@ def test_other_schedules_reexecute_bit_for_bit(tiny_checkpoint: Any, tmp_path: P
     from server import Engine
 
     engine = Engine(model_path=str(tiny_checkpoint("llama")), log_dir=str(tmp_path / "log"), max_total_tokens=4096,
-                    chunked_prefill_size=16, log_durability="none", **settings)
+                    chunked_prefill_size=16, log_durability="none", **{"enable_mixed_chunk": False, **settings})
     try:
         engine.generate(input_ids=[[(5 * i + j) % 300 + 3 for j in range(6 + 11 * i)] for i in range(6)],
                         sampling_params=[{"max_new_tokens": 10, "ignore_eos": True, "temperature": 0.7 * (i % 2),

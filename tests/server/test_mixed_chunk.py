@@ -81,3 +81,27 @@ def test_mixed_batches_give_the_same_greedy_outputs_as_extend_then_decode(rt, ti
     assert any(b.mode is ForwardMode.MIXED for b in rt.launched)
     for i, (req, (prompt, max_new)) in enumerate(zip(reqs, specs)):
         assert req.output_ids == _alone(tiny_checkpoint, tmp_path / f"ref{i}", prompt, max_new)
+
+
+def test_the_offline_engine_mixes_decodes_into_prefill_chunks_by_default_and_the_server_does_not(
+        tiny_checkpoint, make_engine):
+    """The Engine (offline: throughput) puts its running decodes into each prefill chunk's forward unless
+    told not to; `tokenledger serve` (online: time to first token) keeps them apart unless asked."""
+    from server.config import ServerArgs
+
+    assert ServerArgs.from_kwargs(model_path=str(tiny_checkpoint("llama"))).enable_mixed_chunk is False
+    for kwargs, mixes in (({}, True), ({"enable_mixed_chunk": False}, False)):
+        engine = make_engine(tiny_checkpoint("llama"), chunked_prefill_size=CHUNK, **kwargs)
+        modes: list[ForwardMode] = []
+        launch = engine.scheduler.runner.launch
+
+        def recording(batch, launch=launch, modes=modes):
+            modes.append(batch.mode)
+            return launch(batch)
+
+        engine.scheduler.runner.launch = recording
+        # A short prompt decodes while a long one is still prefilling in chunks of CHUNK tokens.
+        engine.generate(input_ids=[_prompt(3, 1), _prompt(5 * CHUNK, 2)],
+                        sampling_params={"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
+        assert engine.scheduler.policy.mixed_chunk is mixes
+        assert (ForwardMode.MIXED in modes) is mixes, modes
