@@ -34,6 +34,8 @@ from server.scheduler import Scheduler
 
 log = structlog.get_logger("tokenledger.engine")
 
+ENGINE_MIXED_CHUNK_DEFAULT = True  # the offline Engine's default for enable_mixed_chunk (the server's is False)
+
 
 @dataclass(slots=True)
 class _Abort:
@@ -43,9 +45,6 @@ class _Abort:
     source: DoomSource
     reply: queue.Queue[tuple[AbortAnswer, BaseException | None]]
     count: queue.Queue[int]  # how many answers will come
-
-
-ENGINE_MIXED_CHUNK_DEFAULT = True  # the offline Engine's default for enable_mixed_chunk (the server's is False)
 
 
 class _Stop:
