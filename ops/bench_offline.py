@@ -231,20 +231,17 @@ class VLLMOffline:
             pass  # gone already: its exit is reported by the read that finds its pipe closed
 
     def _pause(self, timeout_s: float = 5.0) -> None:
-        """Stops the peer's process group and waits until its main process shows stopped (or gone):
+        """Stops the peer's process group and waits until every process in it shows stopped (or gone):
         a stop is delivered asynchronously, and the next engine's timed round must not start beside
-        a peer still running."""
+        a peer still running. The whole group, not only the main process: vLLM's engine core and its
+        workers are children of it, and they are the ones that poll while idle."""
         self._signal(signal.SIGSTOP)
-        stat = Path(f"/proc/{self.proc.pid}/stat")
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                state = stat.read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                return  # no /proc here, or the peer is gone
-            if state in ("T", "t", "Z", "X"):  # stopped, or exited (its exit is reported by the next read)
-                return
-            time.sleep(0.001)
+        running = set(_process_group(self.proc.pid)) or {self.proc.pid}
+        while running and time.monotonic() < deadline:
+            running = {pid for pid in running if _process_state(pid) not in _STOPPED_OR_GONE}
+            if running:
+                time.sleep(0.001)
 
     def _read(self) -> dict[str, Any]:
         line = self._results.readline()
@@ -279,6 +276,34 @@ class VLLMOffline:
 
     def batch1_ms(self, prompt: list[int], new_tokens: int) -> float | None:
         return None  # not asked of the peer (the batch-1 target is against HF)
+
+
+_STOPPED_OR_GONE = ("T", "t", "Z", "X", None)  # stopped by a signal or traced; exited; no such process
+
+
+def _process_state(pid: int) -> str | None:
+    """The process's state letter from /proc (None: gone, or no /proc here)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _process_group(pgid: int) -> list[int]:
+    """Every process in process group `pgid`, from /proc ([] where there is no /proc)."""
+    members = []
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    for entry in entries:
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
 
 
 def _median_ratios(rounds: list[dict[str, float]], ours: str) -> dict[str, float]:

@@ -73,3 +73,51 @@ def test_the_vllm_peer_stays_loaded_and_stopped_between_rounds_and_a_failed_peer
         assert _state(peer.proc.pid) == "T"
         with pytest.raises(RuntimeError, match=r"(?s)exit 3\).*peer: cannot run this"):
             peer.output_tok_s(bench_offline.Workload([[1], [2]], [1, 1]))
+
+
+# A peer with a worker process in its process group, as vLLM's engine core is: idle, it polls.
+FAKE_PEER_WITH_WORKER = """
+import argparse, json, os, subprocess, sys
+p = argparse.ArgumentParser()
+p.add_argument("--model"); p.add_argument("--warmup"); p.add_argument("--result-fd", type=int)
+a = p.parse_args()
+worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+open(os.environ["WORKER_PID_FILE"], "w").write(str(worker.pid))
+out = os.fdopen(a.result_fd, "w", buffering=1)
+out.write(json.dumps({"ready": True}) + "\\n")
+for line in sys.stdin:
+    work = json.loads(line)
+    out.write(json.dumps({"output_tok_s": 7.0, "output_tokens": sum(work["output_lens"]), "seconds": 1.0}) + "\\n")
+worker.kill()
+"""
+
+
+def test_the_peer_pause_waits_until_every_process_of_its_group_shows_stopped(tmp_path, monkeypatch):
+    """The next engine's timed round must not start beside the peer's engine core still running: the
+    pause polls each member of the peer's process group, not the main process alone."""
+    from contextlib import ExitStack
+
+    from ops import bench_offline
+
+    fake = tmp_path / "fake_peer.py"
+    fake.write_text(FAKE_PEER_WITH_WORKER)
+    monkeypatch.setattr(bench_offline, "PEER_SCRIPT", fake)
+    monkeypatch.setenv("WORKER_PID_FILE", str(tmp_path / "worker.pid"))
+    one = bench_offline.Workload([[1, 2, 3]], [4])
+    with ExitStack() as stack:
+        peer = bench_offline.VLLMOffline(stack, sys.executable, tmp_path, one)
+        worker = int((tmp_path / "worker.pid").read_text())
+        assert set(bench_offline._process_group(peer.proc.pid)) == {peer.proc.pid, worker}
+        assert _state(worker) == "T" and _state(peer.proc.pid) == "T"
+        # A member slow to show its stop holds the pause until it does.
+        polled: list[int] = []
+        real_state = bench_offline._process_state
+
+        def worker_slow_to_stop(pid: int) -> str | None:
+            polled.append(pid)
+            return "R" if pid == worker and polled.count(worker) <= 3 else real_state(pid)
+
+        monkeypatch.setattr(bench_offline, "_process_state", worker_slow_to_stop)
+        assert peer.output_tok_s(one) == 7.0
+        assert polled.count(worker) == 4  # asked until it showed stopped, then no more
+        assert _state(worker) == "T"
