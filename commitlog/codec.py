@@ -85,14 +85,14 @@ def pack_lsns(lsns: list[int]) -> bytes:
     return struct.pack(f">{len(lsns)}Q", *lsns)
 
 
-def unpack_lsns(packed: bytes) -> list[int]:
+def unpack_lsns(packed: bytes | memoryview) -> list[int]:
     """An index value back to its LSNs; a length that is not a multiple of 8 is a damaged entry."""
     if len(packed) % 8:
         raise CorruptRecordError(f"index entry of {len(packed)} bytes is not a list of 8-byte LSNs (damaged)")
     return list(struct.unpack(f">{len(packed) // 8}Q", packed))
 
 
-def key_lsn(key: bytes) -> int:
+def key_lsn(key: bytes | memoryview) -> int:
     return int.from_bytes(key, "big")
 
 

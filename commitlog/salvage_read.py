@@ -120,7 +120,8 @@ def _past_damage(log_dir: str, raw: RawLog, after: int, lost_from: int) -> bytes
             break
         failed, step = after + step, step * 2
     if probe is None or not probe.ok:
-        return _unreadable_to_end(log_dir, raw, lost_from)
+        _unreadable_to_end(log_dir, raw, lost_from)
+        return None
     low, high, found = failed, after + step, probe.value  # probes at `low` fail, at `high` read
     while high - low > 1:
         mid = (low + high) // 2
@@ -130,7 +131,8 @@ def _past_damage(log_dir: str, raw: RawLog, after: int, lost_from: int) -> bytes
         else:
             low = mid
     if found is None:
-        return _unreadable_to_end(log_dir, raw, lost_from)
+        _unreadable_to_end(log_dir, raw, lost_from)
+        return None
     first = key_lsn(found[:8].ljust(8, b"\0"))
     if first > lost_from:
         raw.unreadable.append((lost_from, first - 1))

@@ -6,7 +6,7 @@ only a record it cannot decode stops it (`CorruptRecordError`). Used by `tokenle
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 
 import lmdb
@@ -87,7 +87,7 @@ class Scan:
             if found and key_lsn(cur.key()) >= self.cut:
                 self.head_lsn, self.head = key_lsn(cur.key()), bytes(cur.value()[6:38])
 
-    def _read_chunk(self, resume: bytes | None) -> Iterator[ScannedRecord]:
+    def _read_chunk(self, resume: bytes | None) -> Generator[ScannedRecord, None, bytes | None]:
         """Up to SCAN_CHUNK records from key `resume` (None: the first key), yielded inside one read txn;
         returns the key to resume at, or None at the range's end.
 

@@ -173,8 +173,10 @@ def main(argv: list[str] | None = None) -> None:
     path = Path(args[1])
     text = path.read_text()
     for name, block in blocks.items():
-        text = re.sub(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)",
-                      lambda m, b=block: m.group(1) + b + m.group(2), text, flags=re.S)
+        def between_markers(m: re.Match[str], block: str = block) -> str:
+            return m.group(1) + block + m.group(2)
+
+        text = re.sub(rf"(<!-- {name}:begin -->\n).*?(<!-- {name}:end -->)", between_markers, text, flags=re.S)
     path.write_text(text)
 
 

@@ -5,7 +5,7 @@ in chunks, so export still streams; what was printed before the damage is marked
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import lmdb
@@ -34,7 +34,7 @@ def _chunk(reader: LogReader, resume: bytes, end: int | None) -> tuple[list[tupl
     return reader.raw_chunk(resume, end, CHUNK)
 
 
-_READS = {
+_READS: dict[str, Callable[..., Any]] = {
     "chunk": _chunk,
     "request_records": LogReader.request_records,
     "last_lsn": LogReader.last_lsn,

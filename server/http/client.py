@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
@@ -130,7 +130,7 @@ class SchedulerClient:
         self._streams[spec.rid] = submission
         self.abort_durable_times.pop(spec.rid, None)  # a new incarnation: an older abort's time is not its own
         # Not awaited: pyzmq queues sends in call order, so the order is fixed here, now.
-        sent = self._push.send(message)
+        sent = cast("asyncio.Future[object]", self._push.send(message))  # zmq.asyncio: a Future, typed Awaitable
         sent.add_done_callback(lambda future: self._on_sent(submission, future))
         return submission
 
