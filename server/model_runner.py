@@ -144,7 +144,7 @@ class ModelRunner:
             adjust = partial(adjust_logits, rows=self._adjust_rows(batch, sampling, logits),
                              eos_ids=self.eos_ids)
         sampled = sample(logits, params, [batch.reqs[i].rng for i in sampling], batch.top_logprobs_max,
-                         adjust)
+                         adjust, logprobs=any(batch.reqs[i].logprob.return_logprob for i in sampling))
         hidden_rows = [j for j, i in enumerate(sampling) if batch.reqs[i].logprob.return_hidden_states]
         return PendingResult(
             sampled.token_ids, sampled.logprobs, sampled.top_ids, sampled.top_logprobs,

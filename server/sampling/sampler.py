@@ -38,35 +38,48 @@ def sampler_name(device: torch.device) -> str:
 @dataclass(slots=True)
 class SampleOutput:
     token_ids: torch.Tensor  # [n] int64
-    logprobs: torch.Tensor  # [n] fp32, log_softmax of the raw logits at the chosen token
+    logprobs: torch.Tensor  # [n] fp32, log_softmax of the raw logits at the chosen token (NaN: not asked)
     top_ids: torch.Tensor  # [n, k_max]
     top_logprobs: torch.Tensor  # [n, k_max]
 
 
 def sample(
     logits: torch.Tensor, params: list[SamplingParams], streams: list[random.Random], top_k_max: int,
-    adjust: Callable[[torch.Tensor], None] | None = None,
+    adjust: Callable[[torch.Tensor], None] | None = None, logprobs: bool = True,
 ) -> SampleOutput:
     """`adjust`: applies penalties, logit_bias and min-tokens masks to `logits` in place
-    (`penalties.adjust_logits`), after the reported logprobs are taken; None when no row asks."""
+    (`penalties.adjust_logits`), after the reported logprobs are taken; None when no row asks.
+    `logprobs`: whether any row reports its token's logprob (or top logprobs); when none does, the
+    vocabulary-wide log_softmax is skipped and every logprob reads NaN (nobody reads it)."""
+    if not (logprobs or top_k_max):
+        if adjust is not None:
+            adjust(logits)
+        token_ids = _tokens(logits, params, streams)
+        nothing = torch.full(token_ids.shape, float("nan"), dtype=logits.dtype, device=logits.device)
+        return SampleOutput(token_ids, nothing, token_ids[:, None][:, :0], logits[:, :0])
     # Logprobs are reported from the unmodified distribution, as HF's log_softmax gives them.
     logprobs_all = torch.log_softmax(logits, dim=-1)
     if adjust is not None:
         adjust(logits)  # the caller's own tensor: the token is drawn from the adjusted logits
+    token_ids = _tokens(logits, params, streams)
+    chosen = logprobs_all.gather(1, token_ids[:, None])[:, 0]
+    top_vals, top_ids = logprobs_all.topk(top_k_max, dim=-1) if top_k_max else (logprobs_all[:, :0], token_ids[:, None][:, :0])
+    return SampleOutput(token_ids, chosen, top_ids, top_vals)
+
+
+def _tokens(logits: torch.Tensor, params: list[SamplingParams], streams: list[random.Random]) -> torch.Tensor:
+    """Each row's token: greedy rows by their first maximum, random rows drawn from their own streams."""
     # CUDA with FlashInfer: its kernels (server.sampling.device_sampler); elsewhere the inversion.
     draw = draw_rows if device_sampling_available(logits.device) else _inverse_cdf
     random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if len(random_rows) == len(params):  # every row random (the common online case): no greedy pass
-        token_ids = draw(logits, params, streams)
-    else:
-        token_ids = greedy_tokens(logits)
-        if random_rows:
-            rows = torch.tensor(random_rows, device=logits.device)
-            row_params, row_streams = [params[i] for i in random_rows], [streams[i] for i in random_rows]
-            token_ids[rows] = draw(logits[rows], row_params, row_streams)
-    chosen = logprobs_all.gather(1, token_ids[:, None])[:, 0]
-    top_vals, top_ids = logprobs_all.topk(top_k_max, dim=-1) if top_k_max else (logprobs_all[:, :0], token_ids[:, None][:, :0])
-    return SampleOutput(token_ids, chosen, top_ids, top_vals)
+        return draw(logits, params, streams)
+    token_ids = greedy_tokens(logits)
+    if random_rows:
+        rows = torch.tensor(random_rows, device=logits.device)
+        row_params, row_streams = [params[i] for i in random_rows], [streams[i] for i in random_rows]
+        token_ids[rows] = draw(logits[rows], row_params, row_streams)
+    return token_ids
 
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:

@@ -20,8 +20,8 @@ def _force(monkeypatch, script: list[int]) -> None:
     """The sampler emits `script` first (one request per batch), then samples as usual."""
     original, queue = model_runner.sample, list(script)
 
-    def forced(logits, params, generators, top_k_max, adjust=None):
-        out = original(logits, params, generators, top_k_max, adjust)
+    def forced(logits, params, generators, top_k_max, adjust=None, logprobs=True):
+        out = original(logits, params, generators, top_k_max, adjust, logprobs)
         if queue and len(out.token_ids) == 1:
             out.token_ids[0] = queue.pop(0)
         return out

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from server.sampling.params import SamplingParams
@@ -111,3 +112,44 @@ def test_inversion_at_the_uniforms_edges_draws_only_tokens_with_mass():
     assert bottom == [0, 0]
     # u = 0.7 of the top-2 mass falls in token 1's bucket [0.625, 1).
     assert sample(logits[:1], params[:1], [_FixedStream(0.7)], top_k_max=0).token_ids.tolist() == [1]
+
+
+def test_a_batch_that_reports_no_logprobs_draws_the_same_tokens_without_a_log_softmax(monkeypatch):
+    """Logprobs only when asked: with `logprobs=False` (and no top-k) the vocabulary-wide log_softmax is
+    skipped, every row (greedy and seeded random alike) draws the token it draws with logprobs on, and
+    the unasked logprobs read NaN."""
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(6, 97, generator=gen)
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, seed=1), SamplingParams(temperature=0.0),
+              SamplingParams(top_k=5, seed=2), SamplingParams(top_p=0.9, seed=3), SamplingParams(temperature=1.3, seed=4)]
+    with_lp = sample(logits.clone(), params, [random.Random(i) for i in range(6)], 0)
+    calls: list[int] = []
+    real = torch.log_softmax
+    monkeypatch.setattr(torch, "log_softmax", lambda *a, **k: calls.append(1) or real(*a, **k))
+    without = sample(logits.clone(), params, [random.Random(i) for i in range(6)], 0, logprobs=False)
+    assert calls == []
+    assert torch.equal(without.token_ids, with_lp.token_ids)
+    assert torch.isnan(without.logprobs).all() and without.logprobs.shape == (6,)
+    assert without.top_ids.shape == (6, 0) and without.top_logprobs.shape == (6, 0)
+    # Top-k asked (top_logprobs_num > 0) takes the log_softmax whatever the flag says.
+    top = sample(logits.clone(), params, [random.Random(i) for i in range(6)], 2, logprobs=False)
+    assert calls and torch.equal(top.token_ids, with_lp.token_ids) and top.top_ids.shape == (6, 2)
+
+
+def test_the_engine_takes_the_log_softmax_only_for_forwards_where_a_request_reports_logprobs(
+        tiny_checkpoint, make_engine, monkeypatch):
+    engine = make_engine(tiny_checkpoint("llama"))
+    prompt = list(range(3, 30))
+    greedy = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    reference = engine.generate(input_ids=prompt, sampling_params=greedy, return_logprob=True)
+    calls: list[int] = []
+    real = torch.log_softmax
+    monkeypatch.setattr(torch, "log_softmax", lambda *a, **k: calls.append(1) or real(*a, **k))
+    plain = engine.generate(input_ids=prompt, sampling_params=greedy)
+    assert calls == [] and plain["output_ids"] == reference["output_ids"]
+    # Asked again, in a batch: the log_softmax runs and each logprob is the one reported alone.
+    both = engine.generate(input_ids=[prompt, list(range(40, 52))], sampling_params=[greedy, greedy],
+                           return_logprob=True)
+    assert calls
+    assert [lp for lp, _t, _ in both[0]["meta_info"]["output_token_logprobs"]] == pytest.approx(
+        [lp for lp, _t, _ in reference["meta_info"]["output_token_logprobs"]], abs=1e-5)
