@@ -16,7 +16,7 @@ FORWARD_MODES = ("extend", "decode", "mixed")
 ENGINE_KEYS = ("model_path", "dtype", "attention_backend", "linear_backend", "num_threads", "prefill_threads",
                "mixed_chunk", "overlap", "chunked_prefill_size", "max_prefill_tokens", "kv_tokens",
                "max_running_requests", "context_len", "reasoning_parser", "tokenizer_path", "compiled", "software",
-               "radix_cache", "sampler")
+               "radix_cache", "sampler", "kernels")
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,10 +16,18 @@ _P = ctypes.c_void_p
 _I32 = ctypes.c_int32
 
 
+SOURCE = "paged_attention.c"
+
+
+@functools.cache
+def _library(extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    return load(SOURCE, openmp=True, extra_flags=extra_flags)
+
+
 @functools.cache
 def build_kernel(extra_flags: tuple[str, ...] = ()) -> Callable[..., int]:
     """The kernel's entry point, built for this CPU (`extra_flags`: see `kernels.native.load`)."""
-    fn = load("paged_attention.c", openmp=True, extra_flags=extra_flags).tl_paged_attention_f32
+    fn = _library(extra_flags).tl_paged_attention_f32
     fn.argtypes = [_P, _P, _P, _P, _P, _P, _I32, _I32, _I32, _I32, ctypes.c_float, _P, _I32]
     fn.restype = ctypes.c_int
     return fn
@@ -27,6 +35,16 @@ def build_kernel(extra_flags: tuple[str, ...] = ()) -> Callable[..., int]:
 
 def _kernel() -> Callable[..., int]:
     return build_kernel()
+
+
+def kernel_build() -> str | None:
+    """The build the backend runs (`kernels.native.build_id`); None where it cannot be built here."""
+    from kernels.native import NativeBuildError, build_id
+
+    try:
+        return build_id(_library())
+    except (NativeBuildError, OSError):
+        return None
 
 
 def kernel_available() -> bool:

@@ -55,6 +55,13 @@ def load(source_name: str, openmp: bool = False, extra_flags: tuple[str, ...] = 
     return _load(compiler, source_name, (*FLAGS, *extra_flags))
 
 
+def build_id(library: ctypes.CDLL) -> str:
+    """Which build a loaded library is: its cached file's name, `<source stem>-<key>`, the key hashing the
+    source, the compiler, the flags and the CPU (`_build_key`). Two runs that print the same id ran the same
+    machine code; SERVER_START records it (`engine.kernels`) for re-execution to compare."""
+    return Path(library._name).stem
+
+
 def process_libgomp() -> ctypes.CDLL | None:
     """The libgomp this process already runs (torch's), never a copy loaded here; None where there is none."""
     try:

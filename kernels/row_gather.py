@@ -8,15 +8,18 @@ from collections.abc import Callable
 
 import torch
 
-from kernels.native import NativeBuildError, load
+from kernels.native import NativeBuildError, build_id, load
 
 _P = ctypes.c_void_p
+
+
+SOURCE = "gather_rows.c"
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     try:
-        lib = load("gather_rows.c")
+        lib = load(SOURCE)
     except (NativeBuildError, OSError):
         return None
     lib.tl_gather_rows_i64.argtypes = [_P, ctypes.c_int64, _P, _P, ctypes.c_int32, _P]
@@ -24,6 +27,13 @@ def _library() -> ctypes.CDLL | None:
     lib.tl_decode_layout_i64.argtypes = [_P, ctypes.c_int64, _P, _P, _P, ctypes.c_int32, _P, _P, _P]
     lib.tl_decode_layout_i64.restype = None
     return lib
+
+
+def library_build() -> str | None:
+    """The build of the gather a CPU table uses (`kernels.native.build_id`); None where it cannot be built
+    (torch's masked select runs instead)."""
+    lib = _library()
+    return None if lib is None else build_id(lib)
 
 
 def _native_table(table: torch.Tensor) -> bool:

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from commitlog import Durability, Ledger, WalConfig
+from kernels.builds import engine_builds
 from server.config import ServerArgs
 from server.device import kv_budget_bytes, resolve_device
 from server.errors import ConfigError
@@ -56,8 +57,13 @@ def model_fingerprint(model_dir: Path) -> str:
     return f"{model_dir.name}:{digest.hexdigest()[:16]}"
 
 
+def software_identity() -> str:
+    """What SERVER_START records as `engine.software`: the torch build, the machine and its CPU capability."""
+    return f"torch {torch.__version__} {platform.machine()} {torch.backends.cpu.get_cpu_capability()}"
+
+
 def engine_settings(args: ServerArgs, model_dir: Path, policy: SchedulePolicy, kv_tokens: int,
-                    compiled: str, sampler: str, prefill_threads: int) -> dict[str, object]:
+                    compiled: str, sampler: str, prefill_threads: int, kernels: dict[str, str]) -> dict[str, object]:
     """What SERVER_START records of the engine (commitlog.schedule.ENGINE_KEYS): every setting that
     changes a forward's numerics or the KV layout, so `replay --reexecute` can rebuild this engine."""
     return {
@@ -69,7 +75,7 @@ def engine_settings(args: ServerArgs, model_dir: Path, policy: SchedulePolicy, k
         "kv_tokens": kv_tokens, "max_running_requests": policy.max_running_requests,
         "context_len": policy.context_len, "reasoning_parser": args.reasoning_parser, "compiled": compiled,
         "radix_cache": not args.disable_radix_cache, "sampler": sampler,
-        "software": f"torch {torch.__version__} {platform.machine()} {torch.backends.cpu.get_cpu_capability()}",
+        "software": software_identity(), "kernels": kernels,
     }
 
 
@@ -107,7 +113,8 @@ def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink, beside_front
     tokenizer_dir = str(Path(args.tokenizer_path or model_dir).resolve())
     ledger = Ledger.open(log_dir, WalConfig(durability=Durability(args.log_durability)), model_fingerprint(model_dir),
                          tokenizer_dir, engine_settings(args, model_dir, policy, kv_pool.capacity, model.compiled,
-                                                        sampler_name(device), prefill_threads))
+                                                        sampler_name(device), prefill_threads,
+                                                        engine_builds(runner.attention.name, device.type)))
     rules = FinishRules(frozenset(eos), context_len, tokenizer.decode)
     cache = None if args.disable_radix_cache else RadixCache(kv_pool)
     scheduler = Scheduler(policy, runner, req_pool, kv_pool, ledger, rules, sink, grammars, reasoning, cache)

@@ -28,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from ops.reexec.compare import LOGPROB_TOLERANCE, Status
     from ops.reexec.driver import Options, reexecute
     from ops.reexec.plan import build_plan
+    from ops.reexec.runtime import build_differences
 
     with open_log(args.log_dir) as reader:
         instances = build_plan(reader.records())
@@ -49,12 +50,16 @@ def run(args: argparse.Namespace) -> int:
     if options.rids is not None and not findings:
         return fail(f"no request {sorted(options.rids)} in {args.log_dir}")
     code = EXIT_OK if all(f.status is Status.PROVEN for f in findings) else EXIT_VIOLATION
+    differences = list(dict.fromkeys(n for i in instances if i.engine is not None for n in build_differences(i.engine)))
     if args.json:
         print(dumps({"log_dir": args.log_dir, "mode": "isolated" if args.isolated else "logged schedule",
                      "logprob_tolerance": LOGPROB_TOLERANCE if args.isolated else 0.0, "exit_code": code,
-                     "requests": [_as_json(f) for f in findings]}))
+                     "build_differences": differences, "requests": [_as_json(f) for f in findings]}))
     else:
         _print(findings, args.isolated)
+        if differences:
+            stdout().print("note: this machine is not the one that served, so a divergence here may come from that "
+                           "rather than from the log (re-execute there, or use --isolated):\n  " + "\n  ".join(differences))
     return code
 
 

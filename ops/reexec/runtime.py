@@ -58,3 +58,24 @@ def build_scripted(args: ServerArgs, scratch: Path) -> tuple[Runtime, ScriptedSc
     scripted = ScriptedScheduler(s.policy, runner, s.req_pool, s.kv_pool, s.ledger, s.rules, s.sink, s.grammars,
                                  s.reasoning, s.cache)  # the same prefix cache (or none), refilled as logged
     return runtime, scripted
+
+
+def build_differences(engine: dict[str, Any]) -> list[str]:
+    """How this machine's software and C kernel builds differ from what the logged instance ran (none: the
+    same). Re-execution is bit for bit only on the same ones, so a divergence on another says nothing about
+    the log. A log from before a key (`kernels`, `software`) has nothing to compare for it."""
+    from kernels.builds import current_builds
+    from server.runtime import software_identity
+
+    notes = []
+    logged_software, here = engine.get("software"), software_identity()
+    if logged_software is not None and logged_software != here:
+        notes.append(f"software: the server ran {logged_software!r}, this machine runs {here!r}")
+    logged_kernels = engine.get("kernels")
+    if isinstance(logged_kernels, dict):
+        builds = current_builds(sorted(logged_kernels))
+        for source, logged_build in sorted(logged_kernels.items()):
+            if builds.get(source) != logged_build:
+                notes.append(f"kernel {source}: the server ran build {logged_build}, this machine "
+                             f"{'builds ' + builds[source] if source in builds else 'cannot build it'}")
+    return notes

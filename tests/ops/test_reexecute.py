@@ -210,3 +210,40 @@ def test_a_cache_hit_the_rebuilt_engine_cannot_match_is_a_schedule_divergence(se
     divergence = found["cached"]["divergence"]
     assert found["cached"]["status"] == "diverged" and divergence["what"] == "schedule", found["cached"]
     assert "logged extend [15, +1) but 0 of 16 prompt tokens were scheduled" in divergence["logged"]
+
+
+def test_server_start_names_the_kernel_builds_and_reexecution_says_when_this_machine_runs_others(
+        served: ServedLog, tmp_path: Path) -> None:
+    """SERVER_START records each C kernel the engine ran by its build (source, compiler, flags and CPU
+    hashed). On the same builds re-execution notes nothing; on others it says so, since a divergence there
+    would say nothing about the log. The tokens themselves are still checked (here they still match)."""
+    from kernels.builds import current_builds
+
+    records = entries(served.log)
+    start = next(e for _, _, e in records if e.kind is Kind.SERVER_START)
+    logged = start.payload["engine"]["kernels"]
+    assert {"paged_attention.c", "gather_rows.c"} <= set(logged)  # the C attention kernel and the batch gather
+    assert logged == current_builds(sorted(logged))
+    same = cli("replay", "--log-dir", served.log, "--reexecute", "--json")
+    assert same.rc == 0 and same.json()["build_differences"] == []
+
+    log = tmp_path / "other-build"
+    shutil.copytree(served.log, log)
+    for i, (lsn, ts, entry) in enumerate(records):
+        if entry.kind is Kind.SERVER_START:  # as if served by another build of the kernel, on another torch
+            engine = {**entry.payload["engine"], "software": "torch 0.0 riscv64 none",
+                      "kernels": {**logged, "paged_attention.c": "paged_attention-0123456789abcdef"}}
+            records[i] = (lsn, ts, type(entry)(entry.kind, entry.rid, {**entry.payload, "engine": engine}))
+    rewrite_rechained(log, records)
+    other = cli("replay", "--log-dir", log, "--reexecute", "--json")
+    assert other.rc == 0, other.err
+    notes = other.json()["build_differences"]
+    assert len(notes) == 2
+    assert "torch 0.0 riscv64 none" in notes[0]
+    assert "paged_attention-0123456789abcdef" in notes[1] and logged["paged_attention.c"] in notes[1]
+    text = cli("replay", "--log-dir", log, "--reexecute")
+    assert "this machine is not the one that served" in text.out and "paged_attention.c" in text.out
+    # A log from before the key has no builds to compare, and no note is made up for them.
+    older = {k: v for k, v in start.payload["engine"].items() if k != "kernels"}
+    from ops.reexec.runtime import build_differences
+    assert build_differences(older) == []
