@@ -83,8 +83,13 @@ class Wal:
             env = lmdb.Environment(str(path), map_size=cfg.initial_map_size, max_dbs=8, readonly=readonly,
                                    sync=sync, metasync=sync, readahead=False)
         except lmdb.InvalidError as exc:
-            raise CorruptRecordError(f"{path / DATA_FILE} is not a valid LMDB file ({exc})") from None
+            # LMDB refuses the file when either meta page's magic or version is damaged, and `salvage` reads
+            # through LMDB too: nothing can be read here, so the way out is the backup (as salvage says).
+            _release(lock_fd)
+            raise CorruptRecordError(f"{path / DATA_FILE} is not a valid LMDB file ({exc}): no record can be "
+                                     "read from it; restore the log directory from a backup") from None
         except lmdb.Error as exc:
+            _release(lock_fd)
             raise CommitLogError(f"cannot open log at {path}: {exc}") from None
         try:
             _check_not_truncated(env, path)

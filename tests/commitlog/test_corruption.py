@@ -105,3 +105,17 @@ def test_a_first_write_that_would_crash_the_process_refuses_the_open_with_the_sa
         Ledger.open(log_dir, FAST)
     monkeypatch.undo()
     Ledger.open(log_dir, FAST).close()  # the refused open held nothing, and the log was not touched
+
+
+def test_a_damaged_meta_page_refuses_the_open_naming_the_backup_and_leaves_the_log_unlocked(log_dir: Path) -> None:
+    """LMDB refuses a file whose first meta page lost its magic (found by the page-damage fuzz test):
+    the open says what to do (nothing is readable: restore a backup, as salvage says too), and it gives
+    the writer lock back, so the next open (after the restore, or in the same process) is not refused as
+    locked by another writer."""
+    _write_log(log_dir)
+    with open(log_dir / "data.mdb", "r+b") as f:
+        f.seek(14)
+        f.write(b"\xaa\r\xd6\xc9\xd9\xbbA\x8d" * 2 + b"\xaa\r")  # page 0's header and meta magic
+    for _ in range(2):  # a second open meets the same damage, not a lock still held by the first
+        with pytest.raises(CorruptRecordError, match=r"not a valid LMDB file .*restore the log directory from a backup"):
+            Ledger.open(log_dir, FAST)
