@@ -281,29 +281,28 @@ class VLLMOffline:
 _STOPPED_OR_GONE = ("T", "t", "Z", "X", None)  # stopped by a signal or traced; exited; no such process
 
 
-def _process_state(pid: int) -> str | None:
-    """The process's state letter from /proc (None: gone, or no /proc here)."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state, ppid, pgrp, ...); None: gone, or no /proc."""
     try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
 
 
+def _process_state(pid: int) -> str | None:
+    """The process's state letter from /proc (None: gone, or no /proc here)."""
+    fields = _stat_fields(pid)
+    return fields[0] if fields else None
+
+
 def _process_group(pgid: int) -> list[int]:
     """Every process in process group `pgid`, from /proc ([] where there is no /proc)."""
-    members = []
     try:
-        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+        pids = [int(e) for e in os.listdir("/proc") if e.isdigit()]
     except OSError:
         return []
-    for entry in entries:
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        if int(fields[2]) == pgid:
-            members.append(int(entry))
-    return members
+    # A process gone meanwhile has no fields and is left out.
+    return [pid for pid in pids if (fields := _stat_fields(pid)) is not None and int(fields[2]) == pgid]
 
 
 def _median_ratios(rounds: list[dict[str, float]], ours: str) -> dict[str, float]:

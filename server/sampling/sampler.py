@@ -51,17 +51,14 @@ def sample(
     (`penalties.adjust_logits`), after the reported logprobs are taken; None when no row asks.
     `logprobs`: whether any row reports its token's logprob (or top logprobs); when none does, the
     vocabulary-wide log_softmax is skipped and every logprob reads NaN (nobody reads it)."""
-    if not (logprobs or top_k_max):
-        if adjust is not None:
-            adjust(logits)
-        token_ids = _tokens(logits, params, streams)
-        nothing = torch.full(token_ids.shape, float("nan"), dtype=logits.dtype, device=logits.device)
-        return SampleOutput(token_ids, nothing, token_ids[:, None][:, :0], logits[:, :0])
     # Logprobs are reported from the unmodified distribution, as HF's log_softmax gives them.
-    logprobs_all = torch.log_softmax(logits, dim=-1)
+    logprobs_all = torch.log_softmax(logits, dim=-1) if logprobs or top_k_max else None
     if adjust is not None:
         adjust(logits)  # the caller's own tensor: the token is drawn from the adjusted logits
     token_ids = _tokens(logits, params, streams)
+    if logprobs_all is None:
+        nothing = torch.full(token_ids.shape, float("nan"), dtype=logits.dtype, device=logits.device)
+        return SampleOutput(token_ids, nothing, token_ids[:, None][:, :0], logits[:, :0])
     chosen = logprobs_all.gather(1, token_ids[:, None])[:, 0]
     top_vals, top_ids = logprobs_all.topk(top_k_max, dim=-1) if top_k_max else (logprobs_all[:, :0], token_ids[:, None][:, :0])
     return SampleOutput(token_ids, chosen, top_ids, top_vals)
