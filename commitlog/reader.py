@@ -291,6 +291,16 @@ class LogReader:
             keys = {k for k, _ in txn.cursor(self.wal.index)} | {k for k, _ in txn.cursor(self.wal.live)}
         return sorted(_table_rid(bytes(k), "index or live") for k in keys)
 
+    def touch_index_edges(self) -> None:
+        """Read the per-request index's first and last entries: its root page and both edges, with no
+        scan. A damaged page there raises `lmdb.Error` (MDB_CORRUPTED), as the first index write
+        after a restart would, in the writer thread, where it stops the server."""
+        with self._begin() as txn, txn.cursor(self.wal.index) as cur:
+            if cur.first():
+                cur.value()
+                cur.last()
+                cur.value()
+
     def live_begin(self, rid: str) -> int | None:
         """The BEGIN LSN the live table gives for a rid (unproven), or None."""
         with self._begin() as txn:

@@ -73,6 +73,7 @@ def _recovery_trial(log_dir: str) -> None:
 
 def _plan(reader: LogReader, cleared: int) -> tuple[Encoder, list[Entry], RecoveryReport]:
     _refuse_stray_keys(reader)
+    _refuse_unreadable_index(reader)
     last_lsn, last_hash, tail = reader.verify_tail(TAIL_CHECK_RECORDS)
     _refuse_unlisted_running(reader, tail)
     entries, lsns, report = _close_interrupted(reader, last_lsn, cleared)
@@ -106,6 +107,16 @@ def _refuse_stray_keys(reader: LogReader) -> None:
     if missing is not None:
         raise CorruptRecordError(f"missing from the records table (removed): {len(present)} records, the LSNs "
                                  f"and the checkpoint account for {expected}", missing)
+
+
+def _refuse_unreadable_index(reader: LogReader) -> None:
+    """The per-request index is outside the hash chain and not proven here (that costs a full scan), but
+    a page LMDB cannot read at its root or edges would stop the server at its first request's write, and
+    every reader refuses such a log: refuse the open now, naming salvage, which rebuilds the index."""
+    try:
+        reader.touch_index_edges()
+    except lmdb.Error as exc:
+        raise CorruptRecordError(f"the per-request index (by_rid) is unreadable ({exc})") from None
 
 
 def _refuse_unlisted_running(reader: LogReader, tail: list[Record]) -> None:

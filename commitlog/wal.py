@@ -54,6 +54,20 @@ class WalConfig:
             raise ValueError(f"max_pending_groups must be >= 1, got {self.max_pending_groups}")
 
 
+def _open_tables(env: lmdb.Environment, readonly: bool) -> tuple[lmdb._Database, ...]:
+    """The four tables; a writer creates them only in a new file (no table at all), and all in one txn.
+
+    Creating a table that an existing file lacks would begin a second log inside the first: a damaged
+    directory page (LMDB's main table) can hide `records` from the lookup, and a restart would then
+    write LSN 1 again over a log it never read. LMDB's count of the main table comes from the meta page,
+    not from the page that may be damaged. A missing table raises `lmdb.NotFoundError`."""
+    names = (RECORDS_DB, INDEX_DB, LIVE_DB, META_DB)
+    if readonly or env.stat()["entries"] > 0:
+        return tuple(env.open_db(name, create=False) for name in names)
+    with env.begin(write=True) as txn:  # a crash part-way leaves no table, not some
+        return tuple(env.open_db(name, txn=txn, create=True) for name in names)
+
+
 class Wal:
     """An open LMDB environment and its four tables. Writes happen on one thread only."""
 
@@ -62,10 +76,7 @@ class Wal:
         self.env = env
         self.readonly = readonly
         self.max_map_size = max_map_size
-        self.records = env.open_db(RECORDS_DB, create=not readonly)
-        self.index = env.open_db(INDEX_DB, create=not readonly)
-        self.live = env.open_db(LIVE_DB, create=not readonly)
-        self.meta = env.open_db(META_DB, create=not readonly)
+        self.records, self.index, self.live, self.meta = _open_tables(env, readonly)
         self._lock_fd: int | None = None
         self.closed = False
 
@@ -97,7 +108,8 @@ class Wal:
         except lmdb.NotFoundError:
             env.close()
             _release(lock_fd)
-            raise CommitLogError(f"{path} is an LMDB environment but not a tokenledger log") from None
+            raise CommitLogError(f"{path} is an LMDB environment but not a tokenledger log, or its directory of "
+                                 "tables is damaged: restore the log directory from a backup") from None
         except (CommitLogError, lmdb.Error) as exc:
             env.close()
             _release(lock_fd)

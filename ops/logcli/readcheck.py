@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from commitlog import CorruptRecordError, Record
-from commitlog.isolate import Outcome, run_isolated
+from commitlog.isolate import Outcome
 from commitlog.reader import ChainWalker
 from ops.logcli.invariants import RangeChecker, Violation, merge
 from ops.logcli.tables import check_tables, proven
@@ -39,7 +39,7 @@ class ReadCheck:
         self._walker.finish()
         merged = merge([self._requests.result()])
         facts = proven(merged.finished, merged.open, self._last_lsn)
-        (tables,) = run_isolated([(check_tables, (log_dir, facts))])
+        tables = check_tables(log_dir, facts)
         if not tables.ok:
             raise error(tables)
         if tables.value:

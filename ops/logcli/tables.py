@@ -14,6 +14,7 @@ import lmdb
 
 from commitlog import LogReader
 from commitlog.codec import key_lsn, unpack_lsns
+from commitlog.isolate import Outcome, run_isolated
 from ops.logcli.invariants import Incarnation, ReqCheck, Violation, lsn_digest
 
 
@@ -33,16 +34,45 @@ def proven(finished: list[Incarnation], running: dict[str, ReqCheck], last_lsn: 
     return Proven(by_rid, running, last_lsn)
 
 
-def check_tables(log_dir: str, facts: Proven) -> list[Violation]:
+def check_tables(log_dir: str, facts: Proven) -> Outcome:
+    """Both tables' violations, each table read in a forked child of its own (`run_isolated`).
+
+    A page of the index that LMDB cannot read (or that kills the child) is reported as an index
+    violation, not as an unreadable log: the records are sound, the index is what salvage rebuilds, and
+    a restart, which reads only the index's edges, does not refuse such a log either (FORMAT.md
+    "Recovery"). Any other failure comes back as the child's outcome."""
+    (index,) = run_isolated([(_index_violations, (log_dir, facts))])
+    if index.status in ("unreadable", "crashed"):
+        found: list[Violation] = [Violation(0, None, "index", f"the index has a page LMDB cannot read ({index.message}): "
+                                                              "readers refuse the log; salvage rebuilds the index")]
+        finished_since: set[str] = set()
+    elif not index.ok:
+        return index
+    else:
+        found, finished_since = index.value
+    (live,) = run_isolated([(_live_violations, (log_dir, facts, finished_since))])
+    return live if not live.ok else Outcome("ok", found + live.value)
+
+
+def _index_violations(log_dir: str, facts: Proven) -> tuple[list[Violation], set[str]]:
+    """And the rids running at the scan's end that are indexed (finished) since."""
     reader = LogReader.open(log_dir)
     try:
-        finished_since: set[str] = set()  # running at the scan's end, indexed (finished) since
+        finished_since: set[str] = set()
         with reader._begin() as txn:
             end = _last_lsn(txn.cursor(reader.wal.records))
             out = list(_check_index(txn.cursor(reader.wal.index), facts, finished_since))
             out.extend(_past_end(txn.cursor(reader.wal.index), end))
-            out.extend(_check_live(txn.cursor(reader.wal.live), facts, finished_since))
-        return out
+        return out, finished_since
+    finally:
+        reader.close()
+
+
+def _live_violations(log_dir: str, facts: Proven, finished_since: set[str]) -> list[Violation]:
+    reader = LogReader.open(log_dir)
+    try:
+        with reader._begin() as txn:
+            return list(_check_live(txn.cursor(reader.wal.live), facts, finished_since))
     finally:
         reader.close()
 

@@ -7,10 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lmdb
 import pytest
 from commitlog_helpers import FAST
 
-from commitlog import CorruptRecordError, FinishReason, Ledger, LogReader
+from commitlog import CommitLogError, CorruptRecordError, FinishReason, Ledger, LogReader, salvage
 
 
 def _write_log(log_dir: Path, num_requests: int = 30) -> dict[int, bytes]:
@@ -119,3 +120,54 @@ def test_a_damaged_meta_page_refuses_the_open_naming_the_backup_and_leaves_the_l
     for _ in range(2):  # a second open meets the same damage, not a lock still held by the first
         with pytest.raises(CorruptRecordError, match=r"not a valid LMDB file .*restore the log directory from a backup"):
             Ledger.open(log_dir, FAST)
+
+
+def test_an_unreadable_per_request_index_page_refuses_the_open_and_salvage_rebuilds_it(log_dir: Path, tmp_path: Path) -> None:
+    """A damaged by_rid page (found by the page-damage fuzz test): every reader refuses the log, and the
+    first index write after a restart would stop the server's writer. The open refuses it, naming salvage;
+    the salvaged copy (index rebuilt from the records) opens, with every request in it."""
+    _write_log(log_dir, num_requests=4)
+    data = bytearray((log_dir / "data.mdb").read_bytes())
+    node = b"\x05\x00req-3"  # an index leaf node's key size, then its key; a record holds b"\xa5req-3"
+    pages = {at // 4096 for at in range(len(data)) if data.startswith(node, at)}
+    assert pages
+    for page in pages:
+        data[page * 4096:page * 4096 + 16] = b"\xff" * 16
+    (log_dir / "data.mdb").write_bytes(bytes(data))
+    with pytest.raises(CorruptRecordError, match=r"per-request index \(by_rid\) is unreadable.*tokenledger salvage"):
+        Ledger.open(log_dir, FAST)
+    salvage(log_dir, tmp_path / "salvaged")
+    ledger = Ledger.open(tmp_path / "salvaged", FAST)
+    ledger.close()
+    reader = LogReader.open(tmp_path / "salvaged")
+    assert reader.request_ids() == [f"req-{r}" for r in range(4)]
+    reader.close()
+
+
+def test_a_log_whose_records_table_is_gone_from_the_directory_is_refused_not_begun_again(log_dir: Path) -> None:
+    """A damaged directory page (LMDB's main table, found by the page-damage fuzz test) can hide a table
+    from the lookup. A restart that created it anew would log LSN 1 again inside a log it never read: the
+    open refuses instead, names the backup, and leaves the file without a second records table."""
+    _write_log(log_dir, num_requests=2)
+    env = lmdb.open(str(log_dir), max_dbs=8)
+    records = env.open_db(b"records")
+    with env.begin(write=True) as txn:
+        txn.drop(records, delete=True)
+    env.close()
+    with pytest.raises(CommitLogError, match="not a tokenledger log, or its directory of tables is damaged.*backup"):
+        Ledger.open(log_dir, FAST)
+    env = lmdb.open(str(log_dir), max_dbs=8, readonly=True)
+    with env.begin() as txn:
+        assert sorted(bytes(key) for key, _ in txn.cursor()) == [b"by_rid", b"live", b"meta"]
+    env.close()
+
+
+def test_an_lmdb_file_with_no_table_yet_opens_as_a_new_log(log_dir: Path) -> None:
+    """A crash between LMDB creating the file and the first open creating the tables leaves a file with
+    no table: that is a new log, not a damaged one (the tables are made in one txn, so never only some)."""
+    lmdb.open(str(log_dir), max_dbs=8).close()
+    ledger = Ledger.open(log_dir, FAST)
+    ledger.close()
+    reader = LogReader.open(log_dir)
+    assert reader.last_lsn() >= 2  # SERVER_START, SERVER_STOP
+    reader.close()

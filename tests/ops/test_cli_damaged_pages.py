@@ -123,3 +123,27 @@ def test_random_page_damage_never_crashes_a_reader_and_salvage_never_writes_an_e
         assert ran.json()["num_copied"] > 0 and cli("verify", "--log-dir", out).rc in (0, 1)
     else:
         assert not (out / "data.mdb").exists()
+
+
+def test_an_unreadable_index_page_is_an_index_violation_for_verify_and_readers_refuse_the_log(
+        pristine: Path, tmp_path: Path) -> None:
+    """The records are sound and salvage rebuilds the index from them, so verify reports the damaged
+    by_rid page as an index violation (exit 1), as it does a rewritten entry; the readers, which cannot
+    back an account without the index, refuse the log (exit 2), naming salvage. Found by the page fuzz."""
+    log = tmp_path / "log"
+    shutil.copytree(pristine, log)
+    data = bytearray((log / "data.mdb").read_bytes())
+    node = b"\x06\x00req-20"  # an index leaf node's key size, then its key; a record holds b"\xa6req-20"
+    pages = {at // PAGE for at in range(len(data)) if data.startswith(node, at)}
+    assert pages
+    for page in pages:
+        data[page * PAGE:page * PAGE + 16] = b"\xff" * 16
+    (log / "data.mdb").write_bytes(bytes(data))
+    ran = cli("verify", "--log-dir", log, "--json")
+    body = ran.json()
+    assert ran.rc == 1 and body["error"] is None, (ran.rc, body["error"])
+    assert [v["check"] for v in body["violations"]] == ["index"]
+    assert "cannot read" in body["violations"][0]["message"] and "salvage" in body["violations"][0]["message"]
+    for command in ("replay", "audit", "export"):
+        read = cli_subprocess(command, "--log-dir", log)
+        assert read.rc == 2 and "tokenledger salvage" in read.err, (command, read.rc, read.err[-500:])

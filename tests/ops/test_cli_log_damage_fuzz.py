@@ -9,7 +9,8 @@ LMDB tables (records, by_rid, live, meta) or to raw pages of `data.mdb`,
   salvage command, every log verify rejects for a reason recovery is there to catch (records, keys,
   checkpoint, live table: FORMAT.md "Recovery"; the base log fits in the tail recovery checks), and
   accepts every log verify accepts. The per-request index is outside recovery's reach (proving it
-  costs a full scan); readers and verify catch it instead.
+  costs a full scan) except for an unreadable page at its root or edges; readers and verify catch the
+  rest instead.
 
 The base log is built once, by a real Ledger: retention's CHECKPOINT with a kept request, a reused
 rid, an abort with its DISCARD, logprobs, and two requests a crash left running. Each example damages
