@@ -9,7 +9,7 @@ from pathlib import Path
 
 import lmdb
 import pytest
-from commitlog_helpers import FAST
+from commitlog_helpers import FAST, damage_index_pages
 
 from commitlog import CommitLogError, CorruptRecordError, FinishReason, Ledger, LogReader, salvage
 
@@ -127,13 +127,7 @@ def test_an_unreadable_per_request_index_page_refuses_the_open_and_salvage_rebui
     first index write after a restart would stop the server's writer. The open refuses it, naming salvage;
     the salvaged copy (index rebuilt from the records) opens, with every request in it."""
     _write_log(log_dir, num_requests=4)
-    data = bytearray((log_dir / "data.mdb").read_bytes())
-    node = b"\x05\x00req-3"  # an index leaf node's key size, then its key; a record holds b"\xa5req-3"
-    pages = {at // 4096 for at in range(len(data)) if data.startswith(node, at)}
-    assert pages
-    for page in pages:
-        data[page * 4096:page * 4096 + 16] = b"\xff" * 16
-    (log_dir / "data.mdb").write_bytes(bytes(data))
+    damage_index_pages(log_dir, "req-3")
     with pytest.raises(CorruptRecordError, match=r"per-request index \(by_rid\) is unreadable.*tokenledger salvage"):
         Ledger.open(log_dir, FAST)
     salvage(log_dir, tmp_path / "salvaged")

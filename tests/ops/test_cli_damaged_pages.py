@@ -4,6 +4,7 @@ exactly what it lost, and never presents an empty log as its result."""
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,9 @@ from logcli_helpers import cli, cli_subprocess, record_values, write_pristine_lo
 
 from commitlog.codec import lsn_key
 from commitlog.wal import Durability, Wal, WalConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "commitlog"))
+from commitlog_helpers import damage_index_pages  # noqa: E402
 
 PAGE = 4096
 DAMAGED_LSN = 100
@@ -132,13 +136,7 @@ def test_an_unreadable_index_page_is_an_index_violation_for_verify_and_readers_r
     back an account without the index, refuse the log (exit 2), naming salvage. Found by the page fuzz."""
     log = tmp_path / "log"
     shutil.copytree(pristine, log)
-    data = bytearray((log / "data.mdb").read_bytes())
-    node = b"\x06\x00req-20"  # an index leaf node's key size, then its key; a record holds b"\xa6req-20"
-    pages = {at // PAGE for at in range(len(data)) if data.startswith(node, at)}
-    assert pages
-    for page in pages:
-        data[page * PAGE:page * PAGE + 16] = b"\xff" * 16
-    (log / "data.mdb").write_bytes(bytes(data))
+    damage_index_pages(log, "req-20")
     ran = cli("verify", "--log-dir", log, "--json")
     body = ran.json()
     assert ran.rc == 1 and body["error"] is None, (ran.rc, body["error"])
