@@ -14,7 +14,7 @@ from commitlog.errors import CorruptRecordError
 FORWARD_MODES = ("extend", "decode", "mixed")
 # SERVER_START keys (its `engine` map) that change a forward's numerics or the KV layout; see FORMAT.md.
 ENGINE_KEYS = ("model_path", "dtype", "attention_backend", "linear_backend", "num_threads", "prefill_threads",
-               "mixed_chunk", "overlap", "chunked_prefill_size", "max_prefill_tokens", "kv_tokens",
+               "small_decode_rows", "mixed_chunk", "overlap", "chunked_prefill_size", "max_prefill_tokens", "kv_tokens",
                "max_running_requests", "context_len", "reasoning_parser", "tokenizer_path", "compiled", "software",
                "radix_cache", "sampler", "kernels")
 

@@ -12,7 +12,8 @@ so the host schedules step N+1 while the device runs step N — the real overlap
 
 On CPU a forward that prefills (extend, mixed) may run on another thread count than a decode
 (`prefill_threads`, default the decode's): under `serve` the decode leaves a core to the front. Measured,
-that core is busy during prefill steps too (docs/benchmarks.md, fifteenth session), so it is opt-in.
+that core is busy during prefill steps too (docs/benchmarks.md, fifteenth session), so it is opt-in. A
+decode of few rows (`small_decode_rows`) runs on one thread: its matmuls are too small to split.
 """
 from __future__ import annotations
 
@@ -76,10 +77,13 @@ class ForwardHandle:
 
 class ModelRunner:
     def __init__(self, model: CausalLM, kv_pool: TokenToKVPool, future_slots: int, attention_backend: str = "auto",
-                 eos_ids: frozenset[int] = frozenset(), prefill_threads: int | None = None) -> None:
+                 eos_ids: frozenset[int] = frozenset(), prefill_threads: int | None = None,
+                 small_decode_rows: int = 0) -> None:
         self.model = model
         # None: every forward runs on the process's torch thread count. Only a CPU forward's threads matter.
         self.prefill_threads = prefill_threads if kv_pool.device.type == "cpu" else None
+        # A decode of at most this many rows runs on one thread (CPU only; 0: none does).
+        self.small_decode_rows = small_decode_rows if kv_pool.device.type == "cpu" else 0
         self.eos_ids = eos_ids  # masked, with stop_token_ids, until a request's min_new_tokens are out
         self.kv_pool = kv_pool
         self.device = kv_pool.device
@@ -95,13 +99,20 @@ class ModelRunner:
     def launch(self, batch: ForwardBatch) -> ForwardHandle:
         self._launches += 1
         if self.stream is None:
-            if self.prefill_threads is not None and batch.mode is not ForwardMode.DECODE:
-                with torch_threads(self.prefill_threads):
+            threads = self.cpu_threads_for(batch)
+            if threads is not None:
+                with torch_threads(threads):
                     return ForwardHandle(self._launches, batch, self._run(batch))
             return ForwardHandle(self._launches, batch, self._run(batch))
         with self.stream.enqueue() as done:
             pending = self._run(batch)
         return ForwardHandle(self._launches, batch, pending, done)
+
+    def cpu_threads_for(self, batch: ForwardBatch) -> int | None:
+        """The thread count a CPU forward of `batch` runs on; None: the process's."""
+        if batch.mode is not ForwardMode.DECODE:
+            return self.prefill_threads
+        return 1 if len(batch.reqs) <= self.small_decode_rows else None
 
     def _run(self, batch: ForwardBatch) -> PendingResult:
         ids = batch.input_ids

@@ -63,13 +63,13 @@ def software_identity() -> str:
 
 
 def engine_settings(args: ServerArgs, model_dir: Path, policy: SchedulePolicy, kv_tokens: int,
-                    compiled: str, sampler: str, prefill_threads: int, kernels: dict[str, str]) -> dict[str, object]:
+                    compiled: str, sampler: str, prefill_threads: int, small_decode_rows: int, kernels: dict[str, str]) -> dict[str, object]:
     """What SERVER_START records of the engine (commitlog.schedule.ENGINE_KEYS): every setting that
     changes a forward's numerics or the KV layout, so `replay --reexecute` can rebuild this engine."""
     return {
         "model_path": str(model_dir.resolve()), "tokenizer_path": args.tokenizer_path, "dtype": args.dtype,
         "attention_backend": args.attention_backend, "linear_backend": args.linear_backend,
-        "num_threads": torch.get_num_threads(), "prefill_threads": prefill_threads, "mixed_chunk": policy.mixed_chunk,
+        "num_threads": torch.get_num_threads(), "prefill_threads": prefill_threads, "small_decode_rows": small_decode_rows, "mixed_chunk": policy.mixed_chunk,
         "overlap": policy.overlap,
         "chunked_prefill_size": policy.chunked_prefill_size, "max_prefill_tokens": policy.max_prefill_tokens,
         "kv_tokens": kv_tokens, "max_running_requests": policy.max_running_requests,
@@ -98,13 +98,14 @@ def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink, beside_front
                             context_len, overlap=not args.disable_overlap_schedule,
                             mixed_chunk=args.enable_mixed_chunk)
     runner = ModelRunner(model, kv_pool, policy.future_slots, args.attention_backend, frozenset(eos),
-                         args.prefill_compute_threads(beside_front))
+                         args.prefill_compute_threads(beside_front), args.small_decode_row_limit(beside_front))
     prefill_threads = runner.prefill_threads or torch.get_num_threads()  # None off CPU: one count for all
+    small_decode_threads = {1} if runner.small_decode_rows else set()
     if wants_compile(args.torch_compile, device, dtype, runner.attention):
         compile_trunk(model)
         # Each thread count has graphs of its own: every shape class at each, so none compiles while serving
         # (a one-token prompt prefills on the one-token class, a decode batch on the multi-token one).
-        for threads in sorted({torch.get_num_threads(), prefill_threads}):
+        for threads in sorted({torch.get_num_threads(), prefill_threads, *small_decode_threads}):
             with torch_threads(threads):
                 warm_up(model, runner.attention)
     grammars = GrammarCompiler(tokenizer.hf_tokenizer, cfg.vocab_size, sorted(eos))
@@ -113,7 +114,7 @@ def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink, beside_front
     tokenizer_dir = str(Path(args.tokenizer_path or model_dir).resolve())
     ledger = Ledger.open(log_dir, WalConfig(durability=Durability(args.log_durability)), model_fingerprint(model_dir),
                          tokenizer_dir, engine_settings(args, model_dir, policy, kv_pool.capacity, model.compiled,
-                                                        sampler_name(device), prefill_threads,
+                                                        sampler_name(device), prefill_threads, runner.small_decode_rows,
                                                         engine_builds(runner.attention.name, device.type)))
     rules = FinishRules(frozenset(eos), context_len, tokenizer.decode)
     cache = None if args.disable_radix_cache else RadixCache(kv_pool)

@@ -36,6 +36,7 @@ def server_args(engine: dict[str, Any], model_dir: Path, tokenizer_dir: str | No
         attention_backend=engine["attention_backend"], linear_backend=engine["linear_backend"],
         num_threads=engine["num_threads"],
         prefill_threads=engine.get("prefill_threads", engine["num_threads"]),  # absent: prefills ran on num_threads
+        small_decode_rows=engine.get("small_decode_rows", 0),  # absent: every decode ran on num_threads
         enable_mixed_chunk=engine["mixed_chunk"],
         disable_overlap_schedule=not engine["overlap"], chunked_prefill_size=engine["chunked_prefill_size"],
         max_prefill_tokens=engine["max_prefill_tokens"], max_total_tokens=engine["kv_tokens"],
@@ -54,7 +55,7 @@ def build_scripted(args: ServerArgs, scratch: Path) -> tuple[Runtime, ScriptedSc
         raise ModelUnavailableError(f"the model at {args.model_path} could not be loaded: {exc}") from None
     s = runtime.scheduler
     runner = CheckingRunner(s.runner.model, s.kv_pool, s.policy.future_slots, args.attention_backend, s.runner.eos_ids,
-                            s.runner.prefill_threads)
+                            s.runner.prefill_threads, s.runner.small_decode_rows)
     scripted = ScriptedScheduler(s.policy, runner, s.req_pool, s.kv_pool, s.ledger, s.rules, s.sink, s.grammars,
                                  s.reasoning, s.cache)  # the same prefix cache (or none), refilled as logged
     return runtime, scripted

@@ -27,7 +27,9 @@ def _workload(vocab: int, n: int = 12) -> tuple[list[list[int]], list[dict[str, 
     return prompts, params
 
 
-@pytest.mark.parametrize("threads", [{}, {"num_threads": 1, "prefill_threads": 2}], ids=["one-count", "prefill-threads"])
+@pytest.mark.parametrize("threads", [{}, {"num_threads": 1, "prefill_threads": 2},
+                                     {"num_threads": 2, "small_decode_rows": 8}],
+                         ids=["one-count", "prefill-threads", "small-decode-rows"])
 def test_compiled_trunk_serves_decode_extend_and_mixed_batches_without_recompiling(tiny_checkpoint, make_engine,
                                                                                   threads):
     before = torch.get_num_threads()

@@ -1,6 +1,7 @@
 """`--prefill-threads`: on CPU a forward that prefills (extend, mixed) runs on its own torch thread count and
-a decode on `--num-threads`; the count is restored after each forward, recorded in SERVER_START, and read
-back by re-execution (logs from before the key ran every forward on `num_threads`)."""
+a decode on `--num-threads`; `--small-decode-rows`: a decode of at most that many rows runs on one thread.
+The count is restored after each forward, recorded in SERVER_START, and read back by re-execution (logs
+from before a key ran those forwards on `num_threads`)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ import torch
 from commitlog.codec import Kind
 from commitlog.reader import LogReader
 from ops.reexec.runtime import server_args
+from server.config import ServerArgs
 from server.forward_batch import ForwardMode
 
 
@@ -55,17 +57,46 @@ def test_without_the_flag_every_forward_runs_on_num_threads(tiny_checkpoint, mak
     assert seen == {ForwardMode.EXTEND: {1}, ForwardMode.DECODE: {1}}
 
 
-def test_server_start_records_both_thread_counts_and_reexecution_reads_them(tmp_path: Path, tiny_checkpoint,
-                                                                           make_engine):
+def test_a_decode_of_at_most_small_decode_rows_runs_on_one_thread_and_a_larger_one_on_num_threads(tiny_checkpoint,
+                                                                                                      make_engine):
+    engine = make_engine(tiny_checkpoint("llama"), num_threads=2, small_decode_rows=3, torch_compile="off")
+    runner = engine.scheduler.runner
+    seen: dict[tuple[ForwardMode, int], set[int]] = {}
+    run = runner._run
+
+    def recording(batch: Any) -> Any:
+        seen.setdefault((batch.mode, len(batch.reqs)), set()).add(torch.get_num_threads())
+        return run(batch)
+
+    runner._run = recording
+    # Six requests finishing one after another: decodes of 6 rows down to 1.
+    params = [{"max_new_tokens": 3 + 2 * i, "temperature": 0, "ignore_eos": True} for i in range(6)]
+    engine.generate(input_ids=[[5 + i, 6, 7, 8] for i in range(6)], sampling_params=params)
+    decodes = {rows: threads for (mode, rows), threads in seen.items() if mode is ForwardMode.DECODE}
+    assert sorted(decodes) == [1, 2, 3, 4, 5, 6]
+    assert all(threads == ({1} if rows <= 3 else {2}) for rows, threads in decodes.items()), decodes
+    assert all(threads == {2} for (mode, _), threads in seen.items() if mode is not ForwardMode.DECODE)
+    assert torch.get_num_threads() == 2  # restored after every small decode
+
+
+def test_small_decode_rows_defaults_to_8_only_where_the_decode_has_more_than_one_thread():
+    assert ServerArgs(num_threads=2).small_decode_row_limit(beside_front=False) == 8
+    assert ServerArgs(num_threads=1).small_decode_row_limit(beside_front=False) == 0
+    assert ServerArgs(num_threads=2, small_decode_rows=0).small_decode_row_limit(beside_front=False) == 0
+
+
+def test_server_start_records_the_thread_counts_and_reexecution_reads_them(tmp_path: Path, tiny_checkpoint,
+                                                                          make_engine):
     model = tiny_checkpoint("llama")
-    make_engine(model, num_threads=1, prefill_threads=2, log_dir=str(tmp_path / "log"), torch_compile="off").shutdown()
+    make_engine(model, num_threads=1, prefill_threads=2, small_decode_rows=5, log_dir=str(tmp_path / "log"),
+                torch_compile="off").shutdown()
     reader = LogReader.open(tmp_path / "log")
     try:
         engine = next(r for r in reader.records() if r.kind is Kind.SERVER_START).payload["engine"]
     finally:
         reader.close()
-    assert (engine["num_threads"], engine["prefill_threads"]) == (1, 2)
+    assert (engine["num_threads"], engine["prefill_threads"], engine["small_decode_rows"]) == (1, 2, 5)
     rebuilt = server_args(engine, model, None)
-    assert (rebuilt.num_threads, rebuilt.prefill_threads) == (1, 2)
-    older = {k: v for k, v in engine.items() if k != "prefill_threads"}  # a log from before the key
-    assert server_args(older, model, None).prefill_threads == 1
+    assert (rebuilt.num_threads, rebuilt.prefill_threads, rebuilt.small_decode_rows) == (1, 2, 5)
+    older = {k: v for k, v in engine.items() if k not in ("prefill_threads", "small_decode_rows")}  # before the keys
+    assert (server_args(older, model, None).prefill_threads, server_args(older, model, None).small_decode_rows) == (1, 0)

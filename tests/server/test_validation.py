@@ -73,5 +73,7 @@ def test_unknown_or_invalid_server_arguments_are_refused():
     for flag in ("num_threads", "prefill_threads"):
         with pytest.raises(ConfigError, match=f"--{flag.replace('_', '-')} must be >= 1"):
             ServerArgs.from_kwargs(**{flag: 0})
+    with pytest.raises(ConfigError, match="--small-decode-rows must be >= 0"):
+        ServerArgs.from_kwargs(small_decode_rows=-1)
     args = ServerArgs.from_kwargs(log_dir="/tmp/x", disable_overlap_schedule=True)
     assert args.log_dir == "/tmp/x" and args.disable_overlap_schedule
