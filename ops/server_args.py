@@ -20,8 +20,8 @@ HELP = {
     "num_threads": "compute threads of the forward (default: every core, less one for the HTTP front under serve)",
     "prefill_threads": "compute threads of a forward that prefills prompt tokens, on CPU (default: the decode's, "
                        "--num-threads)",
-    "small_decode_rows": "on CPU, a decode of at most this many rows runs on one compute thread (default: 8 where "
-                         "the decode has more than one thread; 0: off)",
+    "small_decode_rows": "on CPU, a decode of at most this many rows runs on one compute thread (default 0: off; "
+                         "faster for the tiny model's few-row decodes on 2 cores, slower for a bigger model's)",
     "attention_backend": "attention kernel: auto (the fastest that runs here), torch (portable reference), "
                          "cpu (C kernel, fp32 on CPU), triton (Triton kernels, CUDA), flashinfer (CUDA, fp16/bf16)",
     "device": "where the model and KV cache live: auto (CUDA when torch sees a device, else cpu), cpu, cuda",

@@ -45,11 +45,10 @@ class ServerArgs:
     # serve on 2 cores, 2 here (decode on 1) cut an in-process prefill by 28 % but gained no online throughput
     # and ~10 % of p99 TTFT (docs/benchmarks.md, fifteenth session): the front is busy during a prefill too.
     prefill_threads: int | None = None
-    # A decode of at most this many rows runs on one compute thread. On 2 cores a few-row decode is ~10-15 %
-    # faster on one thread (its matmuls are too small to split; the team's barriers cost more), a 16-row one
-    # is slower (docs/benchmarks.md, twenty-third session). None: 8 where the decode has more than one thread.
-    # 0: every decode on the decode's count.
-    small_decode_rows: int | None = None
+    # A decode of at most this many rows runs on one compute thread (0: none; opt-in). On 2 cores a decode of
+    # up to 8 rows of the tiny benchmark model is ~10-15 % faster on one thread, 16 rows slower; but a
+    # batch-1 decode of a hidden-1024 model is 27 % slower (docs/benchmarks.md, twenty-third session).
+    small_decode_rows: int = 0
     attention_backend: str = "auto"  # auto | torch | cpu | triton | flashinfer (kernels.registry)
     device: str = "auto"  # auto | cpu | cuda (server.device): where the model, KV pools and tables live
     linear_backend: str = "auto"  # auto | onednn | torch (server.models.packed_linear)
@@ -95,12 +94,6 @@ class ServerArgs:
         """`prefill_threads`, or the decode's count when it is not set."""
         return self.prefill_threads if self.prefill_threads is not None else self.compute_threads(beside_front)
 
-    def small_decode_row_limit(self, beside_front: bool) -> int:
-        """`small_decode_rows`, or its default for this machine (see the field)."""
-        if self.small_decode_rows is not None:
-            return self.small_decode_rows
-        return 8 if self.compute_threads(beside_front) > 1 else 0
-
     def with_changes(self, **kwargs: Any) -> ServerArgs:
         return replace(self, **kwargs)
 
@@ -129,7 +122,7 @@ class ServerArgs:
             raise ConfigError("--num-threads must be >= 1")
         if self.prefill_threads is not None and self.prefill_threads < 1:
             raise ConfigError("--prefill-threads must be >= 1")
-        if self.small_decode_rows is not None and self.small_decode_rows < 0:
+        if self.small_decode_rows < 0:
             raise ConfigError("--small-decode-rows must be >= 0")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ConfigError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}")

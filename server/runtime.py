@@ -69,7 +69,8 @@ def engine_settings(args: ServerArgs, model_dir: Path, policy: SchedulePolicy, k
     return {
         "model_path": str(model_dir.resolve()), "tokenizer_path": args.tokenizer_path, "dtype": args.dtype,
         "attention_backend": args.attention_backend, "linear_backend": args.linear_backend,
-        "num_threads": torch.get_num_threads(), "prefill_threads": prefill_threads, "small_decode_rows": small_decode_rows, "mixed_chunk": policy.mixed_chunk,
+        "num_threads": torch.get_num_threads(), "prefill_threads": prefill_threads, "small_decode_rows": small_decode_rows,
+        "mixed_chunk": policy.mixed_chunk,
         "overlap": policy.overlap,
         "chunked_prefill_size": policy.chunked_prefill_size, "max_prefill_tokens": policy.max_prefill_tokens,
         "kv_tokens": kv_tokens, "max_running_requests": policy.max_running_requests,
@@ -98,7 +99,7 @@ def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink, beside_front
                             context_len, overlap=not args.disable_overlap_schedule,
                             mixed_chunk=args.enable_mixed_chunk)
     runner = ModelRunner(model, kv_pool, policy.future_slots, args.attention_backend, frozenset(eos),
-                         args.prefill_compute_threads(beside_front), args.small_decode_row_limit(beside_front))
+                         args.prefill_compute_threads(beside_front), args.small_decode_rows)
     prefill_threads = runner.prefill_threads or torch.get_num_threads()  # None off CPU: one count for all
     small_decode_threads = {1} if runner.small_decode_rows else set()
     if wants_compile(args.torch_compile, device, dtype, runner.attention):

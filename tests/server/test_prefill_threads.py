@@ -79,10 +79,8 @@ def test_a_decode_of_at_most_small_decode_rows_runs_on_one_thread_and_a_larger_o
     assert torch.get_num_threads() == 2  # restored after every small decode
 
 
-def test_small_decode_rows_defaults_to_8_only_where_the_decode_has_more_than_one_thread():
-    assert ServerArgs(num_threads=2).small_decode_row_limit(beside_front=False) == 8
-    assert ServerArgs(num_threads=1).small_decode_row_limit(beside_front=False) == 0
-    assert ServerArgs(num_threads=2, small_decode_rows=0).small_decode_row_limit(beside_front=False) == 0
+def test_small_decode_rows_is_off_by_default():
+    assert ServerArgs().small_decode_rows == 0
 
 
 def test_server_start_records_the_thread_counts_and_reexecution_reads_them(tmp_path: Path, tiny_checkpoint,
