@@ -13,7 +13,7 @@ so the host schedules step N+1 while the device runs step N — the real overlap
 On CPU a forward that prefills (extend, mixed) may run on another thread count than a decode
 (`prefill_threads`, default the decode's): under `serve` the decode leaves a core to the front. Measured,
 that core is busy during prefill steps too (docs/benchmarks.md, fifteenth session), so it is opt-in. A
-decode of few rows (`small_decode_rows`) runs on one thread: its matmuls are too small to split.
+decode of few rows may run on one thread (`small_decode_rows`, opt-in): where its matmuls are too small to split.
 """
 from __future__ import annotations
 
