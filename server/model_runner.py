@@ -108,6 +108,15 @@ class ModelRunner:
             pending = self._run(batch)
         return ForwardHandle(self._launches, batch, pending, done)
 
+    def thread_counts(self) -> set[int]:
+        """Every torch thread count a forward of this runner may run on (each needs its compiled graphs)."""
+        counts = {torch.get_num_threads()}
+        if self.prefill_threads is not None:
+            counts.add(self.prefill_threads)
+        if self.small_decode_rows:
+            counts.add(1)
+        return counts
+
     def cpu_threads_for(self, batch: ForwardBatch) -> int | None:
         """The thread count a CPU forward of `batch` runs on; None: the process's."""
         if batch.mode is not ForwardMode.DECODE:

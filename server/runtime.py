@@ -101,12 +101,11 @@ def build_runtime(args: ServerArgs, log_dir: Path, sink: DeltaSink, beside_front
     runner = ModelRunner(model, kv_pool, policy.future_slots, args.attention_backend, frozenset(eos),
                          args.prefill_compute_threads(beside_front), args.small_decode_rows)
     prefill_threads = runner.prefill_threads or torch.get_num_threads()  # None off CPU: one count for all
-    small_decode_threads = {1} if runner.small_decode_rows else set()
     if wants_compile(args.torch_compile, device, dtype, runner.attention):
         compile_trunk(model)
         # Each thread count has graphs of its own: every shape class at each, so none compiles while serving
         # (a one-token prompt prefills on the one-token class, a decode batch on the multi-token one).
-        for threads in sorted({torch.get_num_threads(), prefill_threads, *small_decode_threads}):
+        for threads in sorted(runner.thread_counts()):
             with torch_threads(threads):
                 warm_up(model, runner.attention)
     grammars = GrammarCompiler(tokenizer.hf_tokenizer, cfg.vocab_size, sorted(eos))

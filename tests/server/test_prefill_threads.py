@@ -4,7 +4,7 @@ The count is restored after each forward, recorded in SERVER_START, and read bac
 from before a key ran those forwards on `num_threads`)."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +26,22 @@ def _restore_torch_threads() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
-def _threads_per_mode(engine: Any) -> dict[ForwardMode, set[int]]:
-    """Wraps the runner's forward so each launch records the thread count it ran under, by mode."""
+def _threads_seen(engine: Any, key: Callable[[Any], Any]) -> dict[Any, set[int]]:
+    """Wraps the runner's forward so each launch records the thread count it ran under, by `key(batch)`."""
     runner = engine.scheduler.runner
-    seen: dict[ForwardMode, set[int]] = {}
+    seen: dict[Any, set[int]] = {}
     run = runner._run
 
     def recording(batch: Any) -> Any:
-        seen.setdefault(batch.mode, set()).add(torch.get_num_threads())
+        seen.setdefault(key(batch), set()).add(torch.get_num_threads())
         return run(batch)
 
     runner._run = recording
     return seen
+
+
+def _threads_per_mode(engine: Any) -> dict[ForwardMode, set[int]]:
+    return _threads_seen(engine, lambda batch: batch.mode)
 
 
 def test_extend_and_mixed_forwards_run_on_prefill_threads_and_decodes_on_num_threads(tiny_checkpoint, make_engine):
@@ -60,15 +64,7 @@ def test_without_the_flag_every_forward_runs_on_num_threads(tiny_checkpoint, mak
 def test_a_decode_of_at_most_small_decode_rows_runs_on_one_thread_and_a_larger_one_on_num_threads(tiny_checkpoint,
                                                                                                       make_engine):
     engine = make_engine(tiny_checkpoint("llama"), num_threads=2, small_decode_rows=3, torch_compile="off")
-    runner = engine.scheduler.runner
-    seen: dict[tuple[ForwardMode, int], set[int]] = {}
-    run = runner._run
-
-    def recording(batch: Any) -> Any:
-        seen.setdefault((batch.mode, len(batch.reqs)), set()).add(torch.get_num_threads())
-        return run(batch)
-
-    runner._run = recording
+    seen = _threads_seen(engine, lambda batch: (batch.mode, len(batch.reqs)))
     # Six requests finishing one after another: decodes of 6 rows down to 1.
     params = [{"max_new_tokens": 3 + 2 * i, "temperature": 0, "ignore_eos": True} for i in range(6)]
     engine.generate(input_ids=[[5 + i, 6, 7, 8] for i in range(6)], sampling_params=params)
@@ -97,4 +93,5 @@ def test_server_start_records_the_thread_counts_and_reexecution_reads_them(tmp_p
     rebuilt = server_args(engine, model, None)
     assert (rebuilt.num_threads, rebuilt.prefill_threads, rebuilt.small_decode_rows) == (1, 2, 5)
     older = {k: v for k, v in engine.items() if k not in ("prefill_threads", "small_decode_rows")}  # before the keys
-    assert (server_args(older, model, None).prefill_threads, server_args(older, model, None).small_decode_rows) == (1, 0)
+    rebuilt_older = server_args(older, model, None)
+    assert (rebuilt_older.prefill_threads, rebuilt_older.small_decode_rows) == (1, 0)
